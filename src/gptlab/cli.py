@@ -1,0 +1,41 @@
+"""`gptlab`: use the pipeline's trained models and check its metrics from the shell.
+
+The stages themselves run through `dvc repro`; this CLI is for what comes after.
+Each subcommand lives in its own module under gptlab.commands, imported only
+when it runs, so `gptlab --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gptlab",
+        description="Use gptlab's trained models. Run the pipeline itself with `dvc repro`.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = importlib.import_module(module)
+        command.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"gptlab {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""GPT-2, as built in chapter 4 of the book.
+
+Modules are created in the book's order, so that after `torch.manual_seed(123)`
+a freshly built model holds exactly the book's random weights. The only
+additions are a KV cache for fast generation and a choice of attention kernel
+(`scaled_dot_product_attention` or the book's masked softmax; same maths).
+No I/O here: checkpoints live in checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.config import ModelConfig
+
+
+class LayerNorm(nn.Module):
+    """Normalises each token's embedding to zero mean and unit (population) variance."""
+
+    def __init__(self, emb_dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(emb_dim))
+        self.shift = nn.Parameter(torch.zeros(emb_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # GPT-2 (and TF) use the biased estimate
+        norm_x = (x - mean) / torch.sqrt(var + self.eps)
+        return self.scale * norm_x + self.shift
+
+
+class GELU(nn.Module):
+    """GELU with GPT-2's tanh approximation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim),
+            GELU(),
+            nn.Linear(4 * cfg.emb_dim, cfg.emb_dim),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class LayerKVCache:
+    """Keys and values one attention layer has seen, so decoding reuses them."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=2)  # (b, heads, t_past + t, head_dim)
+            self.values = torch.cat([self.values, values], dim=2)
+        return self.keys, self.values
+
+
+class KVCache:
+    """One LayerKVCache per transformer block."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerKVCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        attention: str = "sdpa",
+    ) -> None:
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.context_length = context_length
+        self.attention = attention
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
+        b, num_tokens, _ = x.shape
+        # (b, t, d_out) -> (b, t, heads, head_dim) -> (b, heads, t, head_dim)
+        queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        keys = self.W_key(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        values = self.W_value(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+
+        past = 0
+        if cache is not None:
+            past = cache.length
+            keys, values = cache.append(keys, values)  # (b, heads, past + t, head_dim)
+
+        if self.attention == "sdpa":
+            context = self._sdpa(queries, keys, values, past)
+        else:
+            context = self._masked_softmax(queries, keys, values, past)
+
+        # (b, heads, t, head_dim) -> (b, t, heads, head_dim) -> (b, t, d_out)
+        context = context.transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
+        return self.out_proj(context)
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+        dropout_p = self.dropout.p if self.training else 0.0
+        if past == 0:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        # With a cache the queries sit at positions past..past+t-1 of the keys.
+        allowed = ~_future_mask(q.shape[2], k.shape[2], past, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+    def _masked_softmax(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+        attn_scores = q @ k.transpose(2, 3)  # (b, heads, t, past + t)
+        attn_scores.masked_fill_(_future_mask(q.shape[2], k.shape[2], past, q.device), -torch.inf)
+        attn_weights = torch.softmax(attn_scores / k.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        return attn_weights @ v  # (b, heads, t, head_dim)
+
+
+def _future_mask(num_queries: int, num_keys: int, past: int, device: torch.device) -> torch.Tensor:
+    """True where query i (at position past + i) would look at a later key."""
+    query_pos = torch.arange(past, past + num_queries, device=device).unsqueeze(1)
+    key_pos = torch.arange(num_keys, device=device).unsqueeze(0)
+    return key_pos > query_pos  # (t, past + t)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.att = MultiHeadAttention(
+            d_in=cfg.emb_dim,
+            d_out=cfg.emb_dim,
+            context_length=cfg.context_length,
+            num_heads=cfg.n_heads,
+            dropout=cfg.drop_rate,
+            qkv_bias=cfg.qkv_bias,
+            attention=cfg.attention,
+        )
+        self.ff = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg.emb_dim)
+        self.norm2 = LayerNorm(cfg.emb_dim)
+        self.drop_shortcut = nn.Dropout(cfg.drop_rate)
+
+    def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
+        # Pre-norm: normalise, transform, drop, then add the shortcut.
+        shortcut = x
+        x = self.drop_shortcut(self.att(self.norm1(x), cache))
+        x = x + shortcut
+
+        shortcut = x
+        x = self.drop_shortcut(self.ff(self.norm2(x)))
+        return x + shortcut
+
+
+class GPTModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
+        self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
+        self.drop_emb = nn.Dropout(cfg.drop_rate)
+        self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.final_norm = LayerNorm(cfg.emb_dim)
+        if cfg.num_classes is None:
+            self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
+        else:
+            self.out_head = nn.Linear(cfg.emb_dim, cfg.num_classes)
+
+    def forward(self, in_idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (b, t, vocab or classes) for ids (b, t); with a cache, t new tokens after the cached ones."""
+        _, seq_len = in_idx.shape
+        past = 0 if cache is None else cache.length
+        assert past + seq_len <= self.cfg.context_length, (
+            f"{past + seq_len} positions exceed the context length {self.cfg.context_length}"
+        )
+        tok_embeds = self.tok_emb(in_idx)  # (b, t, emb)
+        pos_embeds = self.pos_emb(torch.arange(past, past + seq_len, device=in_idx.device))  # (t, emb)
+        x = self.drop_emb(tok_embeds + pos_embeds)
+        for i, block in enumerate(self.trf_blocks):
+            x = block(x, None if cache is None else cache.layers[i])
+        x = self.final_norm(x)
+        return self.out_head(x)  # (b, t, vocab or num_classes)

@@ -1,0 +1,182 @@
+"""MLflow tracking for every stage; the only module that imports mlflow.
+
+Default store: `mlflow.db` (SQLite) and `mlruns/` in the project, no server
+needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead.
+Each stage execution is one run named after the stage, in one experiment per
+pipeline, tagged so that the runs of one `dvc repro` can be found together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+DEFAULT_DB = "mlflow.db"
+# MLflow accepts at most this many params / metrics per log_batch call.
+_BATCH = 100
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+
+
+class StageRun:
+    """A live MLflow run. Metrics go out in batches: one call per evaluation step."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        now = int(time.time() * 1000)
+        entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        for i in range(0, len(entries), _BATCH):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + _BATCH])
+
+    def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
+        """Log a metric history (e.g. a loss curve) in as few calls as possible."""
+        now = int(time.time() * 1000)
+        entries = [
+            Metric(k, float(v), now, int(row[step_key]))
+            for row in rows
+            for k, v in row.items()
+            if k != step_key and v is not None
+        ]
+        for i in range(0, len(entries), 1000):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + 1000])
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        entries = [Param(k, _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(entries), _BATCH):
+            self.client.log_batch(self.run_id, params=entries[i : i + _BATCH])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        entries = [RunTag(k, str(v)) for k, v in tags.items()]
+        self.client.log_batch(self.run_id, tags=entries)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        self.client.log_figure(self.run_id, figure, artifact_file)
+
+    def log_table(self, data: Any, artifact_file: str) -> None:
+        """A table (dict of columns or pandas DataFrame) the MLflow UI shows in its evaluation view."""
+        self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+@contextmanager
+def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterator[StageRun]:
+    """Open one MLflow run for a stage execution; it ends FAILED if the block raises."""
+    client = MlflowClient(tracking_uri=tracking_uri())
+    experiment_id = _experiment_id(client, experiment)
+    run = client.create_run(experiment_id, run_name=stage, tags=_run_tags(stage, params))
+    stage_run = StageRun(client, run.info.run_id)
+    try:
+        stage_run.log_params(params)
+        yield stage_run
+    except BaseException:
+        client.set_terminated(run.info.run_id, status="FAILED")
+        raise
+    client.set_terminated(run.info.run_id, status="FINISHED")
+
+
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=_artifact_location())
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel stage
+        existing = client.get_experiment_by_name(name)
+        assert existing is not None, f"experiment {name!r} could neither be created nor found"
+        return existing.experiment_id
+
+
+def _artifact_location() -> str | None:
+    """Keep a local SQLite store's artifacts beside its database, not in whatever cwd is."""
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return None  # a server decides
+    return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns").resolve().as_uri()
+
+
+def _run_tags(stage: str, params: Mapping[str, Any]) -> dict[str, str]:
+    commit, dirty = _git_state()
+    params_json = json.dumps({k: params[k] for k in sorted(params)}, default=str)
+    tags = {
+        "gptlab.stage": stage,
+        "gptlab.pipeline_run": pipeline_run_id(),
+        "gptlab.params_hash": hashlib.sha256(params_json.encode()).hexdigest()[:16],
+        "mlflow.source.git.commit": commit,
+        "gptlab.git_dirty": str(dirty).lower(),
+    }
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["gptlab.dvc_exp"] = os.environ["DVC_EXP_NAME"]
+    return tags
+
+
+def pipeline_run_id() -> str:
+    """The same id for every stage that one `dvc repro` (or `dvc exp run`) executes.
+
+    GPTLAB_PIPELINE_RUN wins when set. Otherwise the id is derived from the
+    ancestor `dvc` process (its pid and start time), which spawns every stage.
+    """
+    if os.environ.get("GPTLAB_PIPELINE_RUN"):
+        return os.environ["GPTLAB_PIPELINE_RUN"]
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            break
+        if any(Path(part.decode(errors="replace")).name == "dvc" for part in cmdline[:2]):
+            return f"dvc-{pid}-{stat[19]}"  # field 22 of /proc/pid/stat: start time
+        pid = int(stat[1])  # parent pid
+        if pid <= 1:
+            break
+    return f"single-{uuid.uuid4().hex[:12]}"
+
+
+def _git_state() -> tuple[str, bool]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", True
+
+
+def _param_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text if len(text) <= 6000 else text[:5997] + "..."
+
