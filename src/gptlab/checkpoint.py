@@ -8,6 +8,7 @@ half-written checkpoint behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -43,7 +44,9 @@ def atomic_path(target: Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
-def save_model(model: GPTModel, directory: Path | str, metadata: dict[str, Any] | None = None) -> Path:
+def save_model(
+    model: GPTModel, directory: Path | str, metadata: dict[str, Any] | None = None
+) -> Path:
     """Write `model.safetensors` and `config.json` into `directory`; returns the directory."""
     directory = Path(directory)
     # Tensors must be contiguous and unshared for safetensors; clone breaks tied weights.
@@ -60,7 +63,9 @@ def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
     """The model config and metadata stored beside a checkpoint's weights."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {directory} a gptlab checkpoint? Run its stage first.")
+        raise FileNotFoundError(
+            f"{path} not found: is {directory} a gptlab checkpoint? Run its stage first."
+        )
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.from_dict(payload["model"]), dict(payload.get("metadata", {}))
@@ -68,17 +73,26 @@ def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
         raise ValueError(f"{path}: not a valid gptlab checkpoint config ({exc})") from exc
 
 
-def load_model(directory: Path | str, device: torch.device | str = "cpu") -> tuple[GPTModel, dict[str, Any]]:
-    """Rebuild a GPTModel from a checkpoint directory; returns it (eval mode) and its metadata."""
+def load_model(
+    directory: Path | str, device: torch.device | str = "cpu", **overrides: Any
+) -> tuple[GPTModel, dict[str, Any]]:
+    """Rebuild a GPTModel from a checkpoint directory; returns it (eval mode) and its metadata.
+
+    `overrides` change config fields that do not alter the weights' shapes,
+    such as `drop_rate` for fine-tuning or `attention`.
+    """
     directory = Path(directory)
     cfg, metadata = read_config(directory)
+    cfg = dataclasses.replace(cfg, **overrides)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found: the checkpoint in {directory} is incomplete")
     try:
         state = load_file(str(weights), device=str(device))
     except (SafetensorError, OSError) as exc:
-        raise ValueError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
+        raise ValueError(
+            f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage"
+        ) from exc
     model = GPTModel(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -59,10 +59,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_classes is not None and self.num_classes < 2:
-            raise ConfigError(f"model.num_classes: expected at least 2 or null, got {self.num_classes}")
+            raise ConfigError(
+                f"model.num_classes: expected at least 2 or null, got {self.num_classes}"
+            )
         for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name}: expected a positive integer, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"model.{name}: expected a positive integer, got {getattr(self, name)}"
+                )
         if self.emb_dim % self.n_heads:
             raise ConfigError(
                 f"model.emb_dim: {self.emb_dim} is not divisible by n_heads={self.n_heads}; "
@@ -74,7 +78,9 @@ class ModelConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         if name not in MODEL_PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}")
+            raise ConfigError(
+                f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}"
+            )
         return cls(**{**MODEL_PRESETS[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,7 +117,11 @@ class ModelSpec:
     def resolve(self) -> ModelConfig:
         overrides = {
             k: v
-            for k, v in (("emb_dim", self.emb_dim), ("n_layers", self.n_layers), ("n_heads", self.n_heads))
+            for k, v in (
+                ("emb_dim", self.emb_dim),
+                ("n_layers", self.n_layers),
+                ("n_heads", self.n_heads),
+            )
             if v is not None
         }
         return ModelConfig.from_preset(
@@ -156,14 +166,25 @@ class TrainConfig:
     max_steps: int | None
 
     def __post_init__(self) -> None:
-        positive = ("batch_size", "epochs", "eval_freq", "eval_iter", "checkpoint_every", "keep_checkpoints")
+        positive = (
+            "batch_size",
+            "epochs",
+            "eval_freq",
+            "eval_iter",
+            "checkpoint_every",
+            "keep_checkpoints",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ConfigError(f"train.{name}: expected a positive integer, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"train.{name}: expected a positive integer, got {getattr(self, name)}"
+                )
         if self.lr <= 0:
             raise ConfigError(f"train.lr: expected a positive float, got {self.lr}")
         if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"train.max_steps: expected a positive integer or null, got {self.max_steps}")
+            raise ConfigError(
+                f"train.max_steps: expected a positive integer or null, got {self.max_steps}"
+            )
 
 
 # --------------------------------------------------------------------------- #
@@ -186,7 +207,9 @@ class SourceFile:
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
-            raise ConfigError(f"sha256 {self.sha256!r} of {self.path}: expected 64 lowercase hex digits")
+            raise ConfigError(
+                f"sha256 {self.sha256!r} of {self.path}: expected 64 lowercase hex digits"
+            )
 
 
 @dataclass(frozen=True)
@@ -349,7 +372,9 @@ def load_params(path: Path | str = PARAMS_FILE) -> Params:
     """Read and validate params.yaml; raises ConfigError naming the first bad key."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run from the project root, where params.yaml lives")
+        raise FileNotFoundError(
+            f"{path} not found: run from the project root, where params.yaml lives"
+        )
     with path.open(encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh)
@@ -374,7 +399,10 @@ def build(cls: type[T], data: Any, path: str) -> T:
     for name, field in fields.items():
         key = _join(path, name)
         if name not in data:
-            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            no_default = (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
             if no_default:
                 raise ConfigError(f"{key}: missing key")
             continue

@@ -169,7 +169,10 @@ def _git_state() -> tuple[str, bool]:
         ).stdout.strip()
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
@@ -179,4 +182,3 @@ def _git_state() -> tuple[str, bool]:
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value)
     return text if len(text) <= 6000 else text[:5997] + "..."
-
