@@ -44,9 +44,7 @@ def atomic_path(target: Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
-def save_model(
-    model: GPTModel, directory: Path | str, metadata: dict[str, Any] | None = None
-) -> Path:
+def save_model(model: GPTModel, directory: Path | str, metadata: dict[str, Any] | None = None) -> Path:
     """Write `model.safetensors` and `config.json` into `directory`; returns the directory."""
     directory = Path(directory)
     # Tensors must be contiguous and unshared for safetensors; clone breaks tied weights.
@@ -63,9 +61,7 @@ def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
     """The model config and metadata stored beside a checkpoint's weights."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: is {directory} a gptlab checkpoint? Run its stage first."
-        )
+        raise FileNotFoundError(f"{path} not found: is {directory} a gptlab checkpoint? Run its stage first.")
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.from_dict(payload["model"]), dict(payload.get("metadata", {}))
@@ -90,9 +86,7 @@ def load_model(
     try:
         state = load_file(str(weights), device=str(device))
     except (SafetensorError, OSError) as exc:
-        raise ValueError(
-            f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage"
-        ) from exc
+        raise ValueError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
     model = GPTModel(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -59,14 +59,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_classes is not None and self.num_classes < 2:
-            raise ConfigError(
-                f"model.num_classes: expected at least 2 or null, got {self.num_classes}"
-            )
+            raise ConfigError(f"model.num_classes: expected at least 2 or null, got {self.num_classes}")
         for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
             if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"model.{name}: expected a positive integer, got {getattr(self, name)}"
-                )
+                raise ConfigError(f"model.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.emb_dim % self.n_heads:
             raise ConfigError(
                 f"model.emb_dim: {self.emb_dim} is not divisible by n_heads={self.n_heads}; "
@@ -78,9 +74,7 @@ class ModelConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         if name not in MODEL_PRESETS:
-            raise ConfigError(
-                f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}"
-            )
+            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}")
         return cls(**{**MODEL_PRESETS[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,15 +170,11 @@ class TrainConfig:
         )
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"train.{name}: expected a positive integer, got {getattr(self, name)}"
-                )
+                raise ConfigError(f"train.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: expected a positive float, got {self.lr}")
         if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(
-                f"train.max_steps: expected a positive integer or null, got {self.max_steps}"
-            )
+            raise ConfigError(f"train.max_steps: expected a positive integer or null, got {self.max_steps}")
 
 
 # --------------------------------------------------------------------------- #
@@ -207,9 +197,7 @@ class SourceFile:
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
-            raise ConfigError(
-                f"sha256 {self.sha256!r} of {self.path}: expected 64 lowercase hex digits"
-            )
+            raise ConfigError(f"sha256 {self.sha256!r} of {self.path}: expected 64 lowercase hex digits")
 
 
 @dataclass(frozen=True)
@@ -372,9 +360,7 @@ def load_params(path: Path | str = PARAMS_FILE) -> Params:
     """Read and validate params.yaml; raises ConfigError naming the first bad key."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: run from the project root, where params.yaml lives"
-        )
+        raise FileNotFoundError(f"{path} not found: run from the project root, where params.yaml lives")
     with path.open(encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh)
@@ -392,17 +378,12 @@ def build(cls: type[T], data: Any, path: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}"
-        )
+        raise ConfigError(f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}")
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         key = _join(path, name)
         if name not in data:
-            no_default = (
-                field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING
-            )
+            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
             if no_default:
                 raise ConfigError(f"{key}: missing key")
             continue
@@ -438,8 +419,7 @@ def _convert(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {_describe(value)}")
         return {
-            _convert(k, key_type, key): _convert(v, value_type, _join(key, str(k)))
-            for k, v in value.items()
+            _convert(k, key_type, key): _convert(v, value_type, _join(key, str(k))) for k, v in value.items()
         }
     if origin is list:
         if not isinstance(value, list):

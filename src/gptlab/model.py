@@ -38,9 +38,7 @@ class GELU(nn.Module):
     """GELU with GPT-2's tanh approximation."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (
-            0.5 * x * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
-        )
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
 
 
 class FeedForward(nn.Module):
@@ -140,9 +138,7 @@ class MultiHeadAttention(nn.Module):
         allowed = ~_future_mask(q.shape[2], k.shape[2], past, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
-    def _masked_softmax(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int
-    ) -> torch.Tensor:
+    def _masked_softmax(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
         attn_scores = q @ k.transpose(2, 3)  # (b, heads, t, past + t)
         attn_scores.masked_fill_(_future_mask(q.shape[2], k.shape[2], past, q.device), -torch.inf)
         attn_weights = torch.softmax(attn_scores / k.shape[-1] ** 0.5, dim=-1)
@@ -207,9 +203,7 @@ class GPTModel(nn.Module):
             f"{past + seq_len} positions exceed the context length {self.cfg.context_length}"
         )
         tok_embeds = self.tok_emb(in_idx)  # (b, t, emb)
-        pos_embeds = self.pos_emb(
-            torch.arange(past, past + seq_len, device=in_idx.device)
-        )  # (t, emb)
+        pos_embeds = self.pos_emb(torch.arange(past, past + seq_len, device=in_idx.device))  # (t, emb)
         x = self.drop_emb(tok_embeds + pos_embeds)
         for i, block in enumerate(self.trf_blocks):
             x = block(x, None if cache is None else cache.layers[i])

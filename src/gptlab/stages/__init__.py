@@ -15,9 +15,7 @@ from pathlib import Path
 from gptlab.config import PARAMS_FILE, ConfigError, Params, load_params
 
 
-def stage_main(
-    run: Callable[[Params], object], description: str, argv: list[str] | None = None
-) -> None:
+def stage_main(run: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--params",
