@@ -12,7 +12,13 @@ import importlib
 import sys
 
 # name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("gptlab.commands.export", "write a checkpoint as a Hugging Face GPT-2 folder"),
+    "classify": ("gptlab.commands.classify", "label messages as spam or ham with the fine-tuned classifier"),
+    "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
+    "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
+    "metrics": ("gptlab.commands.metrics", "compare reports/ with the metrics baseline, or update it"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

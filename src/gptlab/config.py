@@ -7,7 +7,9 @@ what was expected, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -107,6 +109,8 @@ class ModelSpec:
             raise ConfigError(
                 f"model.preset: unknown preset {self.preset!r}; choose one of {sorted(MODEL_PRESETS)}"
             )
+        # Check the architecture now (e.g. emb_dim divisible by n_heads), before any work starts.
+        self.resolve()
 
     def resolve(self) -> ModelConfig:
         overrides = {
@@ -320,6 +324,12 @@ class JudgeConfig:
     model: str
     timeout_s: float
 
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"judge.url: expected an http:// or https:// URL, got {self.url!r}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"judge.timeout_s: expected a positive number of seconds, got {self.timeout_s}")
+
 
 @dataclass(frozen=True)
 class InstructConfig:
@@ -391,8 +401,11 @@ def build(cls: type[T], data: Any, path: str) -> T:
     try:
         return cls(**kwargs)
     except ConfigError as exc:
-        # __post_init__ messages use the section's own name; prefix the full path.
-        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+        # __post_init__ messages name keys by their section ("train.lr: ..."); give the full path.
+        message, section = str(exc), path.rpartition(".")[2]
+        if section and message.startswith(f"{section}."):
+            raise ConfigError(_join(path, message[len(section) + 1 :])) from None
+        raise ConfigError(f"{path}: {message}" if path else message) from None
 
 
 def _convert(value: Any, annotation: Any, key: str) -> Any:
@@ -437,14 +450,15 @@ def _convert(value: Any, annotation: Any, key: str) -> Any:
         return value
     if annotation is float:
         # YAML reads 5e-5 (no dot) as a string; accept it as the number it obviously is.
+        number = value
         if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if isinstance(number, bool) or not isinstance(number, int | float):
             raise ConfigError(f"{key}: expected a float, got {_describe(value)}")
-        return float(value)
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite float, got {_describe(value)}")
+        return float(number)
     if annotation is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {_describe(value)}")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gptlab.config import PARAMS_FILE, ConfigError, Params, load_params
+from gptlab.fetch import FetchError
 
 
 def stage_main(run: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
@@ -26,6 +27,6 @@ def stage_main(run: Callable[[Params], object], description: str, argv: list[str
     args = parser.parse_args(argv)
     try:
         run(load_params(args.params))
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FetchError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

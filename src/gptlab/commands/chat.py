@@ -1,0 +1,77 @@
+"""`gptlab chat "INSTRUCTION" [--input TEXT]`: ask the instruction-tuned model (chapter 7).
+
+The instruction (and optional input) is put into the Alpaca prompt the model
+was tuned on and answered greedily with the KV cache, stopping at
+end-of-text: exactly how the instruct-finetune stage answered its test set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "instruction", metavar="INSTRUCTION", help='e.g. "Rewrite the sentence using a simile."'
+    )
+    parser.add_argument(
+        "--input",
+        default="",
+        metavar="TEXT",
+        help="the text the instruction is about, if any (default: none)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="longest answer in tokens (default: instruct.max_new_tokens of params.yaml)",
+    )
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: data.raw_dir of params.yaml)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.checkpoint import CONFIG_FILE, load_model
+    from gptlab.config import load_params
+    from gptlab.responses import MODEL_DIR, generate_response
+    from gptlab.tokenizer import load_tokenizer
+    from gptlab.train import resolve_device
+
+    model_dir = args.model if args.model is not None else MODEL_DIR
+    if not (model_dir / CONFIG_FILE).is_file():
+        print(
+            f"gptlab chat: no instruction-tuned model in {model_dir}: "
+            "run `dvc repro instruct-finetune` first (or point --model at one)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.instruction.strip():
+        raise ValueError("the instruction is empty: say what the model should do")
+    if args.max_new_tokens is not None and args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+    # params.yaml fills in what the command line leaves out (so it runs from the project root).
+    params = load_params() if args.raw_dir is None or args.max_new_tokens is None else None
+    raw_dir = args.raw_dir or Path(params.data.raw_dir)
+    max_new_tokens = args.max_new_tokens or params.instruct.max_new_tokens
+    model, _ = load_model(model_dir, resolve_device(args.device))
+    if model.cfg.num_classes is not None:
+        raise ValueError(
+            f"{model_dir} is a classifier, not a language model: point --model at models/instruct"
+        )
+    entry = {"instruction": args.instruction, "input": args.input, "output": ""}
+    print(generate_response(model, load_tokenizer(raw_dir), entry, max_new_tokens=max_new_tokens))
+    return 0

@@ -1,0 +1,109 @@
+"""`gptlab classify`: label SMS-like messages as spam or ham with the fine-tuned classifier.
+
+Messages come as arguments, or one per line from `--file PATH` (`-` for stdin).
+Each is encoded, truncated and padded to the checkpoint's training length as
+in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`
+(or one JSON object per line with `--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="messages to classify")
+    parser.add_argument(
+        "--file",
+        metavar="PATH",
+        help="read one message per line from PATH ('-' for stdin); blank lines are skipped",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="classifier checkpoint folder (default: the output of `dvc repro spam-finetune`, models/spam)",
+    )
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        metavar="DIR",
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: data.raw_dir of params.yaml)",
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="messages per forward pass (default: 8)")
+    parser.add_argument(
+        "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per message: label, probability, text"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.checkpoint import CONFIG_FILE, load_model
+    from gptlab.classifier import SPAM_MODEL_DIR, classify_texts
+    from gptlab.config import load_params
+    from gptlab.tokenizer import load_tokenizer
+    from gptlab.train import resolve_device
+
+    model_dir: Path = args.model if args.model is not None else SPAM_MODEL_DIR
+    if not (model_dir / CONFIG_FILE).is_file():
+        print(
+            f"gptlab classify: no trained classifier in {model_dir}: "
+            "run `dvc repro spam-finetune` first (or point --model at one)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.batch_size <= 0:
+        raise ValueError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+    texts = _read_texts(args.texts, args.file)
+    model, metadata = load_model(model_dir, resolve_device(args.device))
+    missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
+    if model.cfg.num_classes is None or missing:
+        raise ValueError(
+            f"{model_dir} is not a spam-finetune classifier (no class head, or its metadata lacks "
+            f"{missing}): run `dvc repro spam-finetune`, or point --model at its output"
+        )
+    raw_dir = args.raw_dir if args.raw_dir is not None else Path(load_params().data.raw_dir)
+    tokenizer = load_tokenizer(raw_dir)
+    probs = classify_texts(
+        model,
+        tokenizer,
+        texts,
+        max_length=int(metadata["max_length"]),
+        pooling=metadata["pooling"],
+        batch_size=args.batch_size,
+    )
+    labels = {int(index): name for index, name in metadata["labels"].items()}
+    for text, p in zip(texts, probs, strict=True):
+        best = int(p.argmax())
+        if args.json:
+            print(json.dumps({"label": labels[best], "probability": round(float(p[best]), 6), "text": text}))
+        else:
+            print(f"{labels[best]}\t{p[best]:.4f}\t{text}")
+    return 0
+
+
+def _read_texts(texts: list[str], file: str | None) -> list[str]:
+    """The messages to classify: arguments first, then the lines of `file` (stdin for '-')."""
+    messages = list(texts)
+    if file is not None:
+        if file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            path = Path(file)
+            if not path.is_file():
+                raise FileNotFoundError(f"--file {path}: no such file")
+            lines = path.read_text(encoding="utf-8").splitlines()
+        messages += [line for line in lines if line.strip()]
+    if not messages:
+        raise ValueError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
+    empty = [i for i, text in enumerate(messages) if not text.strip()]
+    if empty:
+        raise ValueError(f"message {empty[0] + 1} is empty: give some text to classify")
+    return messages

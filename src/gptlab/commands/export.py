@@ -1,0 +1,35 @@
+"""`gptlab export CHECKPOINT_DIR OUT_DIR`: a gptlab checkpoint as a Hugging Face GPT-2 folder.
+
+The folder (config.json + model.safetensors) loads with
+`transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR)` and gives the same logits.
+Models trained without qkv bias get zero biases (the same function). GPT-2 ties
+its output head to the token embedding, so a checkpoint with its own head is
+refused unless --tie-head, which keeps the embedding and drops the head.
+Classifier checkpoints (spam) have no language-model head and are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gptlab.hf_gpt2 import export_checkpoint
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_dir", type=Path, metavar="CHECKPOINT_DIR", help="e.g. models/pretrain")
+    parser.add_argument(
+        "out_dir", type=Path, metavar="OUT_DIR", help="folder to write the Hugging Face model into"
+    )
+    parser.add_argument(
+        "--tie-head",
+        action="store_true",
+        help="export an untied checkpoint anyway: its token embedding becomes the head and its "
+        "own out_head is dropped (the logits change)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out_dir = export_checkpoint(args.checkpoint_dir, args.out_dir, tie_head=args.tie_head)
+    print(f"wrote {out_dir}; load it with transformers.GPT2LMHeadModel.from_pretrained({str(out_dir)!r})")
+    return 0

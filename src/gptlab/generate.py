@@ -1,0 +1,136 @@
+"""Text generation: greedy decoding, temperature, top-k and top-p sampling, with a KV cache.
+
+This is the book's chapter 5 `generate` (top-k, then temperature, then
+`torch.multinomial` on the global RNG, so seeded samples match the book's),
+extended with nucleus (top-p) filtering and a KV cache. The cache changes
+only the speed: greedy output is the same token for token as without it.
+No progress bars: callers generate short continuations inside their own loops.
+"""
+
+from __future__ import annotations
+
+import tiktoken
+import torch
+
+from gptlab.config import SampleConfig
+from gptlab.model import GPTModel, KVCache
+from gptlab.tokenizer import text_to_token_ids, token_ids_to_text
+
+
+@torch.no_grad()
+def generate(
+    model: GPTModel,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """Continue the (b, t) token ids `idx` by up to `max_new_tokens`; returns (b, t + n) ids.
+
+    temperature 0 is greedy (top_k / top_p then change nothing). Generation
+    stops once every row has produced `eos_id`; as in the book, that final
+    end-of-text is not appended, and rows that finished earlier are padded with
+    `eos_id`. Inputs longer than the context length are cropped to their last
+    `context_length` tokens for each prediction. The model runs in eval mode
+    (no dropout) and is put back in its previous mode afterwards.
+    """
+    _check_arguments(model, idx, max_new_tokens, temperature, top_k, top_p)
+    context_length = model.cfg.context_length
+    idx = idx.to(next(model.parameters()).device)
+    finished = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    cache: KVCache | None = None
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits = model(idx[:, -context_length:])[:, -1, :]  # (b, vocab)
+            elif cache is None or cache.length + 1 > context_length:
+                # Prefill; or, once the window slides, every position shifts and the
+                # cached keys and values are stale: rebuild them from the cropped
+                # window, exactly what the uncached path computes.
+                cache = KVCache(model.cfg.n_layers)
+                logits = model(idx[:, -context_length:], cache)[:, -1, :]
+            else:
+                logits = model(idx[:, -1:], cache)[:, -1, :]  # only the newest token; the rest is cached
+            idx_next = _pick(logits, temperature, top_k, top_p)  # (b, 1)
+            if eos_id is not None:
+                idx_next = idx_next.masked_fill(finished.unsqueeze(1), eos_id)
+                finished |= idx_next.squeeze(1) == eos_id
+                if finished.all():
+                    break
+            idx = torch.cat((idx, idx_next), dim=1)  # (b, t + 1)
+    finally:
+        model.train(was_training)
+    return idx
+
+
+def generate_text(
+    model: GPTModel, tokenizer: tiktoken.Encoding, sample: SampleConfig, *, eos_id: int | None = None
+) -> str:
+    """The prompt plus its continuation, seeded with `sample.seed` so reruns give the same text."""
+    torch.manual_seed(sample.seed)
+    ids = text_to_token_ids(sample.prompt, tokenizer)  # (1, t)
+    out = generate(
+        model,
+        ids,
+        sample.max_new_tokens,
+        temperature=sample.temperature,
+        top_k=sample.top_k,
+        eos_id=eos_id,
+    )
+    return token_ids_to_text(out, tokenizer)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Next token ids (b, 1) from logits (b, vocab)."""
+    if temperature == 0.0:
+        # Filtering keeps the largest logit, so greedy ignores top_k and top_p.
+        return torch.argmax(logits, dim=-1, keepdim=True)
+    if top_k is not None:
+        top_logits, _ = torch.topk(logits, min(top_k, logits.shape[-1]))
+        min_val = top_logits[:, -1:]  # (b, 1): the k-th largest of each row
+        logits = torch.where(logits < min_val, torch.tensor(float("-inf"), device=logits.device), logits)
+    logits = logits / temperature
+    if top_p is not None:
+        logits = _top_p_filter(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1)
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches `top_p` (nucleus)."""
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)  # (b, vocab)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token when the ones ranked above it already reach top_p; the top one always stays.
+    drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _check_arguments(
+    model: GPTModel,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> None:
+    if model.cfg.num_classes is not None:
+        raise ValueError("generate needs a language-model head; this model has a classification head")
+    if idx.ndim != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
+        raise ValueError(
+            f"idx: expected a non-empty (batch, tokens) LongTensor, got {idx.dtype} {tuple(idx.shape)}"
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected 0 or more, got {max_new_tokens}")
+    if temperature < 0.0:
+        raise ValueError(f"temperature: expected 0 (greedy) or a positive float, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k: expected a positive integer or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p: expected a value in (0, 1] or None, got {top_p}")

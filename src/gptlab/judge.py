@@ -1,0 +1,173 @@
+"""A larger model scores the fine-tuned model's answers, as chapter 7 does with Llama 3.
+
+The judge is any chat model behind an Ollama `/api/chat` endpoint or an
+OpenAI-compatible `/v1/chat/completions` endpoint (llama.cpp, vLLM, LM Studio,
+OpenAI itself). It is asked the book's question and its reply is parsed for an
+integer from 0 to 100. A reply without a usable score, or a request that fails
+mid-way, is counted and reported, never fatal: training has already finished by
+then. A judge that cannot be reached at all is a configuration error, found
+before training starts by `check_judge`.
+
+Only the standard library is used (urllib, json), as in the book.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from gptlab.config import JudgeConfig
+from gptlab.datasets.instruct import format_input
+
+# The book's options, for reproducible judging: fixed seed, greedy, 2048-token context.
+SEED = 123
+NUM_CTX = 2048
+# An optional bearer token for hosted OpenAI-compatible endpoints; secrets stay out of params.yaml.
+API_KEY_ENV = "GPTLAB_JUDGE_API_KEY"
+# Histogram bins of 10 points; the last one also holds 100.
+BINS = [(lo, lo + 9) for lo in range(0, 90, 10)] + [(90, 100)]
+
+_DISABLE_HINT = "set instruct.judge.enabled: false in params.yaml to run without the judge"
+# The first number in a reply, with sign and decimals so that "-5" or "85.5" are seen as such.
+_NUMBER = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?")
+
+
+class JudgeError(ValueError):
+    """The judge endpoint cannot be used as configured; the message names the URL and the fix."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One judged answer: the score (None when unusable) and the judge's raw reply or the failure."""
+
+    score: int | None
+    reply: str
+
+
+def judge_prompt(entry: Mapping[str, str], model_response: str) -> str:
+    """The book's scoring prompt for one test record and the fine-tuned model's answer."""
+    return (
+        f"Given the input `{format_input(entry)}` "
+        f"and correct output `{entry['output']}`, "
+        f"score the model response `{model_response}`"
+        f" on a scale from 0 to 100, where 100 is the best score. "
+        f"Respond with the integer number only."
+    )
+
+
+def parse_score(reply: str) -> int | None:
+    """The first number in `reply` if it is a whole number from 0 to 100, else None."""
+    match = _NUMBER.search(reply)
+    if match is None:
+        return None
+    value = float(match.group())
+    if not value.is_integer() or not 0 <= value <= 100:
+        return None
+    return int(value)
+
+
+def query(cfg: JudgeConfig, prompt: str) -> str:
+    """Send one user message to the judge and return its reply text.
+
+    Raises OSError (urllib's URLError, timeouts) or http.client.HTTPException when
+    the request fails, and ValueError when the answer is not the chat response
+    the API promises.
+    """
+    messages = [{"role": "user", "content": prompt}]
+    if cfg.api == "ollama":
+        payload: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": messages,
+            "stream": False,
+            "options": {"seed": SEED, "temperature": 0, "num_ctx": NUM_CTX},
+        }
+    else:
+        payload = {"model": cfg.model, "messages": messages, "temperature": 0, "seed": SEED}
+    request = urllib.request.Request(
+        cfg.url, data=json.dumps(payload).encode("utf-8"), headers=_headers(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
+        body = response.read().decode("utf-8", errors="replace")
+    try:
+        data = json.loads(body)
+        content = (
+            data["message"]["content"] if cfg.api == "ollama" else data["choices"][0]["message"]["content"]
+        )
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"not an {cfg.api!r} chat response: {body[:200]!r}") from exc
+    if not isinstance(content, str):
+        raise ValueError(f"not an {cfg.api!r} chat response: message content is {content!r}")
+    return content
+
+
+def check_judge(cfg: JudgeConfig) -> None:
+    """Fail fast, before any training, when the judge cannot answer as configured."""
+    try:
+        query(cfg, "Respond with the integer number 100 only.")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", errors="replace")[:200]
+        raise JudgeError(
+            f"judge at {cfg.url} answered HTTP {exc.code} ({detail or exc.reason}); check instruct.judge.url "
+            f"and that model {cfg.model!r} is available there (e.g. `ollama pull {cfg.model}`), or {_DISABLE_HINT}"
+        ) from exc
+    except (OSError, http.client.HTTPException) as exc:  # refused, timed out, not HTTP at all
+        reason = getattr(exc, "reason", exc)
+        raise JudgeError(
+            f"judge at {cfg.url} is unreachable ({reason}); start it (e.g. `ollama serve`) "
+            f"or fix instruct.judge.url, or {_DISABLE_HINT}"
+        ) from exc
+    except ValueError as exc:
+        raise JudgeError(
+            f"judge at {cfg.url} did not answer as a {cfg.api!r} chat endpoint ({exc}); check "
+            f"instruct.judge.api and instruct.judge.url, or {_DISABLE_HINT}"
+        ) from exc
+
+
+def judge_one(cfg: JudgeConfig, entry: Mapping[str, str], model_response: str) -> Verdict:
+    """Score one answer; a failed request or a reply without a score gives score None."""
+    try:
+        reply = query(cfg, judge_prompt(entry, model_response))
+    except (OSError, http.client.HTTPException) as exc:  # URLError and timeouts are OSErrors
+        return Verdict(None, f"request failed: {exc}")
+    except ValueError as exc:
+        return Verdict(None, str(exc))
+    return Verdict(parse_score(reply), reply)
+
+
+def judge_all(cfg: JudgeConfig, records: Iterable[Mapping[str, str]]) -> list[Verdict]:
+    """Score every record's `model_response` against its reference `output`."""
+    records = list(records)
+    return [
+        judge_one(cfg, record, record["model_response"])
+        for record in tqdm(records, desc="judging", unit="answer")
+    ]
+
+
+def summarize(scores: Sequence[int | None]) -> dict[str, Any]:
+    """Mean, counts and a 10-point histogram of the usable scores (mean None when there are none)."""
+    usable = [s for s in scores if s is not None]
+    histogram = {f"{lo}-{hi}": sum(lo <= s <= hi for s in usable) for lo, hi in BINS}
+    mean = math.fsum(usable) / len(usable) if usable else None
+    return {
+        "mean": mean,
+        "scored": len(usable),
+        "unusable": len(scores) - len(usable),
+        "histogram": histogram,
+    }
+
+
+def _headers() -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get(API_KEY_ENV):
+        headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
+    return headers

@@ -1,0 +1,38 @@
+"""Figures of training runs, built on matplotlib's object API (no pyplot global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+
+def plot_losses(
+    history: Sequence[Mapping[str, float]], steps_per_epoch: int, seen_label: str = "Tokens seen"
+) -> Figure:
+    """The book's loss figure: train and validation loss against epochs, tokens seen on a twin axis.
+
+    `history` rows carry step (0-based optimizer step), seen, train_loss and
+    val_loss, as gptlab.train.fit records them.
+    """
+    assert steps_per_epoch > 0, "steps_per_epoch must be positive"
+    epochs = [(row["step"] + 1) / steps_per_epoch for row in history]
+    seen = [row["seen"] for row in history]
+    train = [row["train_loss"] for row in history]
+    val = [row["val_loss"] for row in history]
+
+    fig = Figure(figsize=(5, 3))
+    ax = fig.add_subplot()
+    ax.plot(epochs, train, label="Training loss")
+    ax.plot(epochs, val, linestyle="-.", label="Validation loss")
+    ax.set_xlabel("Epochs")
+    ax.set_ylabel("Loss")
+    ax.legend(loc="upper right")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # An invisible second plot against what was seen aligns the top axis with the bottom one.
+    top = ax.twiny()
+    top.plot(seen, train, alpha=0)
+    top.set_xlabel(seen_label)
+    fig.tight_layout()
+    return fig

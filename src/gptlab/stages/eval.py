@@ -1,0 +1,75 @@
+"""Stage `eval`: the pretrained model's loss, perplexity and samples (end of chapter 5).
+
+Rebuilds the model from models/pretrain/ alone (its own config, not the
+pretrain params), scores every window of The Verdict's train and validation
+splits (windows and stride = the model's context length), and generates the
+samples of params `eval.samples`. Writes reports/eval/metrics.json and
+reports/eval/samples.json; the MLflow run logs train_loss, val_loss,
+train_perplexity and val_perplexity, the names load-gpt2 uses for OpenAI's
+model, so the two sit side by side in the UI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gptlab.checkpoint import atomic_path, load_model
+from gptlab.config import Params, flatten
+from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.generate import generate_text
+from gptlab.losses import average_loss, next_token_loss
+from gptlab.stages.pretrain import MODEL_DIR
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import stage_run
+from gptlab.train import ordered_loader, resolve_device
+
+STAGE = "eval"
+REPORT_DIR = Path("reports") / "eval"
+SPLITS = ("train", "val")
+
+
+def run(params: Params) -> None:
+    cfg = params.eval
+    processed_dir = Path(params.data.processed_dir)
+    raw_dir = Path(params.data.raw_dir)
+    model, _ = load_model(MODEL_DIR, resolve_device("auto"))
+    context = model.cfg.context_length
+    tokenizer = gpt2_tokenizer(
+        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+        raw_dir / params.data.sources.gpt2_encoder_json.path,
+    )
+    loaders = {
+        split: ordered_loader(
+            GPTDatasetV1(load_split(processed_dir, split), context, context), cfg.batch_size
+        )
+        for split in SPLITS
+    }
+    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}
+    with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
+        tracker.set_tags({"gptlab.checkpoint": MODEL_DIR.as_posix()})
+        metrics: dict[str, Any] = {}
+        for split, loader in loaders.items():
+            loss = average_loss(model, loader, next_token_loss)  # load_model returns eval mode
+            metrics[f"{split}_loss"] = loss
+            metrics[f"{split}_perplexity"] = math.exp(loss) if loss < 700 else math.inf
+        samples = {
+            name: {**flatten(sample), "text": generate_text(model, tokenizer, sample)}
+            for name, sample in cfg.samples.items()
+        }
+        for name, sample in samples.items():
+            print(f"{name}: {sample['text']!r}")
+        _write_json(REPORT_DIR / "metrics.json", metrics)
+        _write_json(REPORT_DIR / "samples.json", samples)
+        tracker.log_metrics(metrics)
+        tracker.log_dict(samples, "eval/samples.json")
+        for name, sample in samples.items():
+            tracker.log_text(sample["text"], f"eval/samples/{name}.txt")
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

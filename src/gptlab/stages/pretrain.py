@@ -1,0 +1,147 @@
+"""Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5).
+
+Reads the tokenize stage's data/processed/verdict/{train,val}.npy and writes
+the model to models/pretrain/ (its config and final metrics travel with it),
+reports/pretrain/metrics.json (DVC metrics), reports/pretrain/losses.csv (a DVC
+plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
+printed after each epoch. Interrupted runs resume from .gptlab/runs/pretrain/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from gptlab.checkpoint import atomic_path, run_dir, save_model
+from gptlab.config import Params, TrainConfig, flatten
+from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
+from gptlab.generate import generate_text
+from gptlab.losses import average_loss, next_token_loss
+from gptlab.model import GPTModel
+from gptlab.plots import plot_losses
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import stage_run
+from gptlab.train import fit, ordered_loader, resolve_device
+
+STAGE = "pretrain"
+MODEL_DIR = Path("models") / "pretrain"
+REPORT_DIR = Path("reports") / "pretrain"
+SPLITS = ("train", "val")
+
+
+def run(params: Params) -> None:
+    cfg = params.pretrain
+    processed_dir = Path(params.data.processed_dir)
+    raw_dir = Path(params.data.raw_dir)
+    model_cfg = cfg.model.resolve()
+    if cfg.data.max_length > model_cfg.context_length:
+        raise ValueError(
+            f"pretrain.data.max_length={cfg.data.max_length} exceeds pretrain.model.context_length="
+            f"{model_cfg.context_length}: the model cannot read windows that long"
+        )
+    data = {
+        split: GPTDatasetV1(load_split(processed_dir, split), cfg.data.max_length, cfg.data.stride)
+        for split in SPLITS
+    }
+    tokenizer = gpt2_tokenizer(
+        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+        raw_dir / params.data.sources.gpt2_encoder_json.path,
+    )
+    checkpoint_dir = run_dir(
+        STAGE,
+        {"pretrain": flatten(cfg), "model": model_cfg.to_dict()},
+        [split_path(processed_dir, split) for split in SPLITS],
+    )
+    # The book's order: seed, then build the model, so its initial weights are the book's.
+    torch.manual_seed(cfg.train.seed)
+    model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
+
+    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")}
+    with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
+        print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data['train'])} windows")
+        initial = full_losses(model, data, cfg.train)
+        print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
+        tracker.log_metrics({f"initial_{name}": value for name, value in initial.items()}, step=0)
+
+        def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, str]:
+            text = generate_text(trained, tokenizer, cfg.sample)
+            print(f"epoch {epoch} sample: {text!r}")
+            return {"sample": text}
+
+        result = fit(
+            model,
+            data["train"],
+            data["val"],
+            cfg=cfg.train,
+            loss_fn=next_token_loss,
+            checkpoint_dir=checkpoint_dir,
+            tracker=tracker,
+            on_epoch_end=on_epoch_end,
+        )
+        final = full_losses(model, data, cfg.train)
+        metrics: dict[str, Any] = {
+            **{f"initial_{name}": value for name, value in initial.items()},
+            **{f"final_{name}": value for name, value in final.items()},
+            **{f"final_{split}_perplexity": _perplexity(final[f"{split}_loss"]) for split in SPLITS},
+            # The last in-training evaluation (eval_iter batches): what the book reports.
+            "last_eval_train_loss": result.history[-1]["train_loss"],
+            "last_eval_val_loss": result.history[-1]["val_loss"],
+            "steps": result.steps,
+            "epochs": len(result.epochs),
+            "tokens_seen": result.seen,
+        }
+        save_model(model, MODEL_DIR, {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics})
+        samples = "\n\n".join(
+            f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs
+        )
+        figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
+        _write_reports(metrics, result.history, figure)
+
+        tracker.log_metrics(metrics, step=result.global_step)
+        tracker.log_metrics(
+            {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
+            step=result.global_step,
+        )
+        tracker.log_figure(figure, "pretrain/loss.png")
+        tracker.log_text(samples, "pretrain/samples.txt")
+        tracker.log_artifact(REPORT_DIR, "pretrain/reports")
+        tracker.log_artifact(MODEL_DIR, "pretrain/model")
+    # Only now is the run complete: its resumable state is no longer needed.
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def full_losses(model: nn.Module, data: dict[str, Dataset], cfg: TrainConfig) -> dict[str, float]:
+    """Mean loss over every window of each split, in eval mode (no dropout)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        losses = {
+            f"{split}_loss": average_loss(model, ordered_loader(dataset, cfg.batch_size), next_token_loss)
+            for split, dataset in data.items()
+        }
+    model.train(was_training)
+    return losses
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709
+
+
+def _write_reports(metrics: dict[str, Any], history: list[dict[str, float]], figure: Any) -> None:
+    with atomic_path(REPORT_DIR / "metrics.json") as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    losses = pd.DataFrame(history, columns=["step", "seen", "train_loss", "val_loss"])
+    with atomic_path(REPORT_DIR / "losses.csv") as tmp:
+        losses.rename(columns={"seen": "tokens_seen"}).to_csv(tmp, index=False)
+    with atomic_path(REPORT_DIR / "loss.png") as tmp:
+        figure.savefig(tmp, format="png", dpi=120)

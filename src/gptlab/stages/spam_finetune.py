@@ -1,0 +1,236 @@
+"""Stage `spam-finetune`: GPT-2 fine-tuned as an SMS spam classifier (chapter 6).
+
+Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2) and the
+spam splits under data.processed_dir (stage tokenize). Swaps the LM head for a
+seeded 2-class head, trains what `spam.trainable` selects with the shared
+loop, and writes models/spam/ (the classifier, rebuildable alone) and
+reports/spam/: metrics.json, losses.csv, accuracy.csv, predictions.csv and
+confusion_matrix.png. Everything also goes to the stage's MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from sklearn.metrics import ConfusionMatrixDisplay
+from torch import nn
+
+from gptlab.checkpoint import atomic_path, load_model, run_dir, save_model
+from gptlab.classifier import (
+    CLASS_NAMES,
+    SPAM_MODEL_DIR,
+    accuracy,
+    classification_loss,
+    classification_metrics,
+    count_trainable,
+    examples,
+    make_classifier,
+    predict,
+)
+from gptlab.config import Params, flatten
+from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
+from gptlab.stages.load_gpt2 import MODELS_DIR as BASE_MODELS_DIR
+from gptlab.tracking import StageRun, stage_run
+from gptlab.train import fit, ordered_loader, resolve_device
+
+STAGE = "spam-finetune"
+REPORT_DIR = Path("reports") / "spam"
+
+
+def run(params: Params) -> None:
+    cfg = params.spam
+    processed_dir = Path(params.data.processed_dir)
+    base_dir = BASE_MODELS_DIR / cfg.base_model
+    device = resolve_device(cfg.train.device)
+    model, base_metadata = load_model(base_dir, device, drop_rate=cfg.drop_rate)
+    if model.cfg.num_classes is not None:
+        raise ValueError(
+            f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
+        )
+    model = make_classifier(
+        model,
+        len(CLASS_NAMES),
+        trainable=cfg.trainable,
+        trainable_blocks=cfg.trainable_blocks,
+        seed=cfg.train.seed,
+    )
+    data = {split: SpamDataset(processed_dir, split) for split in SPLITS}
+    max_length = data["train"].max_length
+    if max_length > model.cfg.context_length:
+        raise ValueError(
+            f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
+            f"{model.cfg.context_length}: use a base model with a longer context"
+        )
+    # Evaluation reads every split in order; fit builds its own shuffled training loader.
+    loaders = {split: ordered_loader(dataset, cfg.train.batch_size) for split, dataset in data.items()}
+
+    def eval_accuracy(split: str, trained: nn.Module) -> float:
+        return accuracy(trained, loaders[split], cfg.pooling, num_batches=cfg.train.eval_iter)
+
+    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
+    with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
+        trainable = count_trainable(model)
+        tracker.set_tags({"gptlab.base_model": cfg.base_model, "gptlab.trainable_params": trainable})
+        print(
+            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
+        )
+        # As the book prints before training: accuracy of the fresh head on eval_iter batches.
+        initial = {f"{split}_accuracy": eval_accuracy(split, model) for split in SPLITS}
+        tracker.log_metrics(flatten({"initial": initial}), step=0)
+        print("before training: " + _percentages(initial))
+
+        def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
+            scores = {f"{split}_accuracy": eval_accuracy(split, trained) for split in ("train", "val")}
+            print(f"epoch {epoch}: " + _percentages(scores))
+            return scores
+
+        result = fit(
+            model,
+            data["train"],
+            data["val"],
+            cfg=cfg.train,
+            loss_fn=classification_loss(cfg.pooling),
+            checkpoint_dir=run_dir(
+                STAGE,
+                {"spam": flatten(cfg), "model": model.cfg.to_dict()},
+                [base_dir, processed_dir / SUBDIR],
+            ),
+            count_seen=examples,
+            tracker=tracker,
+            on_epoch_end=on_epoch_end,
+        )
+
+        # Final scores over the full splits, as the book's last evaluation.
+        predictions = {split: predict(model, loaders[split], cfg.pooling, desc=split) for split in SPLITS}
+        final = {
+            split: classification_metrics(actual, predicted)
+            for split, (actual, predicted, _) in predictions.items()
+        }
+        print("after training: " + _percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
+        metrics: dict[str, Any] = {
+            "initial": initial,
+            **{split: _report_metrics(scores) for split, scores in final.items()},
+            "examples_seen": result.seen,
+            "steps": result.steps,
+            "trainable_params": trainable,
+        }
+        if result.history:
+            metrics["final_train_loss"] = result.history[-1]["train_loss"]
+            metrics["final_val_loss"] = result.history[-1]["val_loss"]
+
+        save_model(
+            model,
+            SPAM_MODEL_DIR,
+            {
+                "labels": {str(index): name for index, name in enumerate(CLASS_NAMES)},
+                "max_length": max_length,
+                "pooling": cfg.pooling,
+                "base_model": cfg.base_model,
+                "base_metadata": base_metadata,
+                "trainable": cfg.trainable,
+                "metrics": {split: metrics[split] for split in SPLITS},
+            },
+        )
+        test_actual, test_predicted, test_probs = predictions["test"]
+        _write_reports(metrics, result.history, result.epochs, initial, test_actual, test_predicted)
+        figure = _confusion_figure(final["test"]["confusion_matrix"])
+        with atomic_path(REPORT_DIR / "confusion_matrix.png") as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
+        _log_run(tracker, metrics, final, data["test"], test_actual, test_predicted, test_probs, figure)
+
+
+def _percentages(scores: dict[str, float]) -> str:
+    return " | ".join(f"{name.replace('_', ' ')} {value * 100:.2f}%" for name, value in scores.items())
+
+
+def _report_metrics(scores: dict[str, Any]) -> dict[str, Any]:
+    """Scalar metrics of one split plus its confusion matrix keyed by label names, for DVC."""
+    matrix = scores["confusion_matrix"]  # rows actual, columns predicted
+    return {
+        **{name: scores[name] for name in ("accuracy", "precision", "recall", "f1")},
+        "confusion_matrix": {
+            f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
+            for i, row in enumerate(matrix)
+        },
+    }
+
+
+def _write_reports(
+    metrics: dict[str, Any],
+    history: list[dict[str, Any]],
+    epochs: list[dict[str, Any]],
+    initial: dict[str, float],
+    actual: np.ndarray,
+    predicted: np.ndarray,
+) -> None:
+    with atomic_path(REPORT_DIR / "metrics.json") as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    losses = pd.DataFrame(history, columns=["step", "seen", "train_loss", "val_loss"])
+    _write_csv(losses.rename(columns={"seen": "examples_seen"}), REPORT_DIR / "losses.csv")
+    # Epoch 0 is the fresh head, before any training step.
+    start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
+    curve = pd.DataFrame([start, *epochs], columns=["epoch", "train_accuracy", "val_accuracy"])
+    _write_csv(curve, REPORT_DIR / "accuracy.csv")
+    names = np.array(CLASS_NAMES)
+    _write_csv(
+        pd.DataFrame({"actual": names[actual], "predicted": names[predicted]}), REPORT_DIR / "predictions.csv"
+    )
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
+def _confusion_figure(matrix: list[list[int]]) -> Figure:
+    figure = Figure(figsize=(4.5, 4))
+    ax = figure.add_subplot()
+    ConfusionMatrixDisplay(np.array(matrix), display_labels=list(CLASS_NAMES)).plot(
+        ax=ax, colorbar=False, values_format="d"
+    )
+    ax.set_title("spam-finetune: test set")
+    figure.tight_layout()
+    return figure
+
+
+def _log_run(
+    tracker: StageRun,
+    metrics: dict[str, Any],
+    final: dict[str, dict[str, Any]],
+    test_set: SpamDataset,
+    actual: np.ndarray,
+    predicted: np.ndarray,
+    probs: np.ndarray,
+    figure: Figure,
+) -> None:
+    # The initial accuracies were logged before training.
+    tracker.log_metrics(flatten({k: v for k, v in metrics.items() if k != "initial"}))
+    for split, scores in final.items():
+        tracker.log_dict(
+            {
+                "labels": list(CLASS_NAMES),
+                "rows": "actual",
+                "columns": "predicted",
+                "matrix": scores["confusion_matrix"],
+            },
+            f"spam/confusion_matrix_{split}.json",
+        )
+    tracker.log_figure(figure, "spam/confusion_matrix.png")
+    tracker.log_table(
+        pd.DataFrame(
+            {
+                "text": test_set.texts,
+                "actual": [CLASS_NAMES[i] for i in actual],
+                "predicted": [CLASS_NAMES[i] for i in predicted],
+                "spam_probability": probs[:, CLASS_NAMES.index("spam")],
+            }
+        ),
+        "spam/test_predictions.json",
+    )
+    tracker.log_artifact(REPORT_DIR, "spam/reports")
+    tracker.log_artifact(SPAM_MODEL_DIR, "spam/model")

@@ -1,0 +1,226 @@
+"""params.yaml and its typed configs: the repo's file loads, and every bad value is refused by name."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shlex
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gptlab.config import ConfigError, ModelConfig, Params, SourceFile, flatten, load_params
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PARAMS = PROJECT_ROOT / "params.yaml"
+DVC_STAGES = ["download", "tokenize", "pretrain", "eval", "load-gpt2", "spam-finetune", "instruct-finetune"]
+DELETE = object()
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
+
+
+def edited(raw: dict[str, Any], tmp_path: Path, key: str, value: Any) -> Path:
+    """A copy of params.yaml with one dotted key set to `value` (or removed)."""
+    data = copy.deepcopy(raw)
+    *parents, last = key.split(".")
+    node = data
+    for name in parents:
+        node = node[name]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def refusal(raw: dict[str, Any], tmp_path: Path, key: str, value: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_params(edited(raw, tmp_path, key, value))
+    return str(info.value)
+
+
+def test_repo_params_load_with_their_values(raw: dict[str, Any]) -> None:
+    params = load_params(PARAMS)
+    assert isinstance(params, Params)
+    assert params.pretrain.train.lr == raw["pretrain"]["train"]["lr"]
+    assert params.spam.train.lr == float(raw["spam"]["train"]["lr"])  # 5e-05: YAML reads it as a string
+    assert params.eval.samples.keys() == raw["eval"]["samples"].keys()
+    model = params.pretrain.model.resolve()
+    assert model.context_length == raw["pretrain"]["model"]["context_length"]
+    assert dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def _fields_missing_from(cls: type, data: Any, path: str) -> list[str]:
+    """Config fields with no key in `data` (defaults hide these from the loader's missing-key check)."""
+    missing = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = f"{path}.{field.name}" if path else field.name
+        if field.name not in data:
+            missing.append(key)
+            continue
+        annotation = hints[field.name]
+        if dataclasses.is_dataclass(annotation):
+            missing += _fields_missing_from(annotation, data[field.name], key)
+        elif typing.get_origin(annotation) is dict:
+            value_type = typing.get_args(annotation)[1]
+            if dataclasses.is_dataclass(value_type):
+                for name, item in data[field.name].items():
+                    missing += _fields_missing_from(value_type, item, f"{key}.{name}")
+    return missing
+
+
+def test_params_yaml_sets_every_config_field(raw: dict[str, Any]) -> None:
+    # The loader refuses unknown keys and missing keys without defaults; this covers the
+    # defaulted ones, so params.yaml stays the one place every knob is written down.
+    missing = _fields_missing_from(Params, raw, "")
+    optional_zip_member = {
+        f"data.sources.{name}.member"
+        for name, source in raw["data"]["sources"].items()
+        if "member" not in source
+    }
+    assert SourceFile.__dataclass_fields__["member"].default is None
+    assert set(missing) == optional_zip_member
+
+
+def test_unknown_key_is_named(raw: dict[str, Any], tmp_path: Path) -> None:
+    message = refusal(raw, tmp_path, "pretrain.train.lrr", 0.1)
+    assert message.startswith("pretrain.train.lrr: unknown key")
+    assert "'lr'" in message  # the valid keys are listed
+
+
+def test_unknown_section_is_named(raw: dict[str, Any], tmp_path: Path) -> None:
+    assert refusal(raw, tmp_path, "pretrian", {}).startswith("pretrian: unknown key")
+
+
+def test_wrong_type_names_key_and_value(raw: dict[str, Any], tmp_path: Path) -> None:
+    assert (
+        refusal(raw, tmp_path, "pretrain.train.lr", "fast")
+        == "pretrain.train.lr: expected a float, got 'fast'"
+    )
+
+
+def test_missing_key_is_named(raw: dict[str, Any], tmp_path: Path) -> None:
+    assert refusal(raw, tmp_path, "spam.train.epochs", DELETE) == "spam.train.epochs: missing key"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("pretrain.train.batch_size", True, "pretrain.train.batch_size: expected an integer, got True"),
+        ("pretrain.model.qkv_bias", 1, "pretrain.model.qkv_bias: expected true or false, got 1"),
+        ("pretrain.train.lr", True, "pretrain.train.lr: expected a float, got True"),
+        (
+            "pretrain.train.max_steps",
+            False,
+            "pretrain.train.max_steps: expected an integer or null, got False",
+        ),
+        ("spam.train.batch_size", 8.0, "spam.train.batch_size: expected an integer, got 8.0"),
+    ],
+)
+def test_bool_and_int_are_not_confused(
+    raw: dict[str, Any], tmp_path: Path, key: str, value: Any, expected: str
+) -> None:
+    assert refusal(raw, tmp_path, key, value) == expected
+
+
+def test_bad_choice_lists_the_choices(raw: dict[str, Any], tmp_path: Path) -> None:
+    message = refusal(raw, tmp_path, "pretrain.train.device", "gpu")
+    assert message == "pretrain.train.device: expected one of ['auto', 'cpu', 'cuda', 'mps'], got 'gpu'"
+
+
+@pytest.mark.parametrize("value", ["nan", float("inf")])
+def test_non_finite_floats_are_refused(raw: dict[str, Any], tmp_path: Path, value: Any) -> None:
+    assert refusal(raw, tmp_path, "spam.train.lr", value).startswith("spam.train.lr: expected a finite float")
+
+
+def test_invalid_model_is_refused_at_load_time_naming_the_key(raw: dict[str, Any], tmp_path: Path) -> None:
+    message = refusal(raw, tmp_path, "pretrain.model.emb_dim", 100)
+    assert message.startswith("pretrain.model.emb_dim: 100 is not divisible by n_heads=12")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "prefix"),
+    [
+        ("spam.train.lr", -1.0, "spam.train.lr: expected a positive float"),
+        ("pretrain.model.drop_rate", 1.0, "pretrain.model.drop_rate: expected a value in [0, 1)"),
+        ("pretrain.model.preset", "gpt5", "pretrain.model.preset: unknown preset 'gpt5'"),
+        ("instruct.train.max_steps", 0, "instruct.train.max_steps: expected a positive integer or null"),
+    ],
+)
+def test_invalid_values_name_their_full_key(
+    raw: dict[str, Any], tmp_path: Path, key: str, value: Any, prefix: str
+) -> None:
+    assert refusal(raw, tmp_path, key, value).startswith(prefix)
+
+
+def test_unreadable_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="params.yaml"):
+        load_params(tmp_path / "params.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pretrain: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+    bad.write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match="params.yaml: expected a mapping, got null"):
+        load_params(bad)
+
+
+def test_flatten_gives_dotted_keys(raw: dict[str, Any]) -> None:
+    params = load_params(PARAMS)
+    flat = flatten(params.pretrain, "pretrain")
+    assert flat["pretrain.train.lr"] == raw["pretrain"]["train"]["lr"]
+    assert flat["pretrain.model.preset"] == raw["pretrain"]["model"]["preset"]
+    assert all(key.startswith("pretrain.") for key in flat)
+    assert not any(isinstance(value, dict) for value in flat.values())
+    samples = flatten(params.eval, "eval")
+    assert samples["eval.samples.greedy.prompt"] == raw["eval"]["samples"]["greedy"]["prompt"]
+
+
+def test_model_config_round_trips_and_refuses_unknown_keys() -> None:
+    config = ModelConfig.from_preset("gpt2-medium", context_length=256, num_classes=2)
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match=r"^model\.emb_dimm: unknown key"):
+        ModelConfig.from_dict({**config.to_dict(), "emb_dimm": 8})
+    with pytest.raises(ConfigError, match=r"^model\.num_classes: expected at least 2"):
+        ModelConfig.from_dict({**config.to_dict(), "num_classes": 1})
+
+
+@pytest.mark.slow
+def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, Any], tmp_path: Path) -> None:
+    # Run each stage exactly as dvc.yaml does, but from an empty folder outside the
+    # project, so a stage that wrongly went ahead could not touch the project's outputs.
+    # All at once: each start costs seconds of imports (torch, mlflow).
+    stages = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    assert sorted(stages) == sorted(DVC_STAGES)
+    bad = edited(raw, tmp_path, "pretrain.train.lrr", 0.1)
+    running = {}
+    for stage in DVC_STAGES:
+        program, *args = shlex.split(stages[stage]["cmd"])
+        assert program == "python", stages[stage]["cmd"]
+        args = [str(PROJECT_ROOT / a) if a.startswith("stages/") else a for a in args]
+        workdir = tmp_path / stage
+        workdir.mkdir()
+        running[stage] = subprocess.Popen(
+            [sys.executable, *args, "--params", str(bad)],
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    for stage, process in running.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode != 0, stage
+        assert "Traceback" not in stderr, f"{stage}: {stderr}"  # a clear message, not a crash
+        assert "pretrain.train.lrr: unknown key" in stderr, f"{stage}: {stderr}"
+        assert not any((tmp_path / stage).iterdir()), f"{stage} wrote files"

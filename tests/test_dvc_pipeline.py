@@ -1,0 +1,123 @@
+"""The real `dvc repro` of download + tokenize in a fresh copy of the project, offline with the mirror."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Pipeline outputs: a fresh clone has none of these.
+OUTPUT_DIRS = ("data/", "models/", "reports/")
+STAGES = ("download", "tokenize")
+REPORT = "reports/tokenize/metrics.json"
+
+
+def copy_project(dest: Path) -> None:
+    """What a fresh clone would hold: tracked files plus new, not ignored ones; no pipeline outputs."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listing.split("\0")):
+        src = PROJECT_ROOT / rel
+        if rel.startswith(OUTPUT_DIRS) or not src.is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+
+
+def git(project: Path, *args: str) -> None:
+    identity = ("-c", "user.name=gptlab tests", "-c", "user.email=tests@gptlab.invalid")
+    subprocess.run(["git", *identity, *args], cwd=project, check=True, capture_output=True)
+
+
+def dvc(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("dvc")
+    proc = subprocess.run(
+        [str(exe) if exe.is_file() else "dvc", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def snapshot(project: Path) -> dict[str, tuple[str, int]]:
+    """sha256 and mtime of every output file and of dvc.lock."""
+    files = [project / "dvc.lock", *(p for d in ("data", "reports") for p in (project / d).rglob("*"))]
+    return {
+        str(p.relative_to(project)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in files
+        if p.is_file()
+    }
+
+
+def pipeline_runs(uri: str) -> list[mlflow.entities.Run]:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("gptlab")
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+@pytest.mark.slow
+def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, isolated_tools: str) -> None:
+    project = tmp_path / "project"
+    copy_project(project)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    env = {
+        **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
+        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    assert env["GPTLAB_MIRROR"] == str(shared_data)
+
+    dvc(project, env, "repro", *STAGES)
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    raw = project / params["data"]["raw_dir"]
+    for source in params["data"]["sources"].values():
+        path = raw / source["path"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == source["sha256"], path
+    processed = project / params["data"]["processed_dir"]
+    expected = {
+        *(f"verdict/{s}.npy" for s in ("train", "val")),
+        *(f"spam/{s}.{ext}" for s in ("train", "val", "test") for ext in ("csv", "npy")),
+        *(f"instruct/{s}.json" for s in ("train", "val", "test")),
+    }
+    assert {str(p.relative_to(processed)) for p in processed.rglob("*") if p.is_file()} == expected
+    metrics = json.loads((project / REPORT).read_text())
+    assert [metrics["spam"][s]["rows"] for s in ("train", "val", "test")] == [1_045, 149, 300]
+    assert metrics["spam"]["max_length"] == 120
+    assert [metrics["instruct"][s]["records"] for s in ("train", "val", "test")] == [935, 55, 110]
+    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == set(STAGES)
+    # DVC finds the stage's metrics where dvc.yaml declares them.
+    shown = json.loads(dvc(project, env, "metrics", "show", "--json", REPORT).stdout)
+    assert shown[""]["data"][REPORT]["data"] == metrics
+
+    runs = pipeline_runs(isolated_tools)
+    assert sorted(r.info.run_name for r in runs) == sorted(STAGES)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.data.tags["gptlab.pipeline_run"] for r in runs}) == 1, "one dvc repro, one pipeline id"
+
+    before = snapshot(project)
+    second = dvc(project, env, "repro", *STAGES)
+    assert snapshot(project) == before
+    for stage in STAGES:
+        assert f"'{stage}' didn't change" in second.stdout, second.stdout
+    assert len(pipeline_runs(isolated_tools)) == len(STAGES), "a no-op repro runs no stage"

@@ -1,0 +1,252 @@
+"""The load-gpt2 stage end to end on a tmp project, with tiny random models standing in for OpenAI's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from mlflow.tracking import MlflowClient
+from torch.utils.data import DataLoader
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gptlab.checkpoint import load_model, save_model
+from gptlab.config import ConfigError, ModelConfig, load_params
+from gptlab.datasets.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
+from gptlab.fetch import FetchError, sha256_file
+from gptlab.model import GPTModel
+from gptlab.stages.load_gpt2 import run
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("gpt2-medium", "gpt2-small")
+MAX_LENGTH, STRIDE, BATCH = 32, 256, 2
+
+
+def random_hf_model(seed: int) -> GPT2LMHeadModel:
+    """A tiny GPT-2 with 64-dim heads (what a bare weights file implies) and every parameter random."""
+    model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=1, n_positions=64, vocab_size=50257))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            is_norm_scale = ".ln_" in name and name.endswith("weight")
+            param.normal_(1.0 if is_norm_scale else 0.0, 0.05, generator=generator)
+    return model.eval()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path, tokenizer) -> Path:
+    """A project folder with The Verdict's splits and params for tiny models; cwd is set to it."""
+    monkeypatch.chdir(tmp_path)
+    train, val = split_text((shared_data / "the-verdict.txt").read_text(encoding="utf-8"), 0.9)
+    save_split("data/processed", "train", encode(train, tokenizer))
+    save_split("data/processed", "val", encode(val, tokenizer))
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["data"]["raw_dir"] = str(shared_data)  # the mirror holds gpt2/vocab.bpe and gpt2/encoder.json
+    params["pretrain"]["data"] = {"max_length": MAX_LENGTH, "stride": STRIDE}
+    params["gpt2"]["batch_size"] = BATCH
+    params["gpt2"]["sample"]["max_new_tokens"] = 5
+    params["spam"]["base_model"], params["instruct"]["base_model"] = "gpt2-small", "gpt2-medium"
+    write_params(params)
+    return tmp_path
+
+
+def write_params(params: dict[str, Any]) -> None:
+    Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+
+
+def edit_params(**changes: Any) -> None:
+    """Set dotted keys in the tmp project's params.yaml."""
+    params = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("/")
+        node = params
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    write_params(params)
+
+
+@pytest.fixture
+def hf_mirror(project: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, GPT2LMHeadModel]:
+    """Tiny HF models as the mirror's weights files, pinned in params by their real sha256 and size."""
+    mirror = project / "mirror"
+    monkeypatch.setenv("GPTLAB_MIRROR", str(mirror))
+    models = {}
+    for seed, name in enumerate(NAMES):
+        models[name] = random_hf_model(seed)
+        saved = project / "hf-save" / name
+        models[name].save_pretrained(saved, safe_serialization=True)
+        target = mirror / "gpt2-weights" / name / "model.safetensors"
+        target.parent.mkdir(parents=True)
+        shutil.move(saved / "model.safetensors", target)
+        edit_params(
+            **{
+                f"gpt2/weights/{name}/repo_id": f"gptlab-test/not-on-the-hub-{name}",
+                f"gpt2/weights/{name}/sha256": sha256_file(target),
+                f"gpt2/weights/{name}/size": target.stat().st_size,
+            }
+        )
+    return models
+
+
+def hf_verdict_loss(model: GPT2LMHeadModel, split: str) -> float:
+    """The Verdict loss computed by transformers itself, batch means averaged as the book does."""
+    dataset = GPTDatasetV1(load_split("data/processed", split), MAX_LENGTH, STRIDE)
+    losses = []
+    with torch.no_grad():
+        for inputs, targets in DataLoader(dataset, batch_size=BATCH):
+            logits = model(inputs).logits  # (b, t, vocab)
+            losses.append(F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item())
+    return sum(losses) / len(losses)
+
+
+def stage_runs() -> list[Any]:
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("gptlab")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+@pytest.mark.slow
+def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) -> None:
+    run(load_params())
+
+    report = json.loads(Path("reports/load-gpt2/metrics.json").read_text())
+    samples = json.loads(Path("reports/load-gpt2/samples.json").read_text())
+    assert sorted(report) == sorted(samples) == sorted(NAMES)
+    ids = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(0))
+    for name, hf in hf_mirror.items():
+        model, metadata = load_model(Path("models/gpt2") / name)
+        assert model.cfg.qkv_bias and model.cfg.context_length == 64 and model.cfg.n_heads == 1
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-5)
+        pin = load_params().gpt2.weights[name]
+        assert metadata["source"] == "huggingface" and metadata["sha256"] == pin.sha256
+        assert (
+            metadata["url"]
+            == f"https://huggingface.co/{pin.repo_id}/resolve/{pin.revision}/model.safetensors"
+        )
+        # The mirror's file was copied to the download folder, verified.
+        assert sha256_file(Path("data/weights") / name / "model.safetensors") == pin.sha256
+        for split in ("train", "val"):
+            assert report[name][f"{split}_loss"] == pytest.approx(hf_verdict_loss(hf, split), abs=1e-4)
+            assert report[name][f"{split}_perplexity"] == pytest.approx(
+                math.exp(report[name][f"{split}_loss"])
+            )
+        assert samples[name].startswith("Every effort moves you") and len(samples[name]) > 22
+
+    runs = stage_runs()
+    assert sorted(r.data.tags["gptlab.base_model"] for r in runs) == sorted(NAMES)
+    for r in runs:
+        assert r.info.run_name == "load-gpt2" and r.info.status == "FINISHED"
+        assert r.data.metrics["val_loss"] == pytest.approx(
+            report[r.data.tags["gptlab.base_model"]]["val_loss"]
+        )
+
+    # Rerun with no mirror: the verified files in data/weights are used, and every output is byte-identical.
+    before = {p: p.read_bytes() for p in sorted(Path("models/gpt2").rglob("*")) if p.is_file()}
+    before_report = Path("reports/load-gpt2/metrics.json").read_text()
+    shutil.rmtree("mirror")
+    run(load_params())
+    after = {p: p.read_bytes() for p in sorted(Path("models/gpt2").rglob("*")) if p.is_file()}
+    assert after == before
+    assert Path("reports/load-gpt2/metrics.json").read_text() == before_report
+
+
+@pytest.mark.parametrize("damage", ["tampered", "truncated"])
+def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], damage: str) -> None:
+    target = Path("mirror/gpt2-weights/gpt2-small/model.safetensors")
+    data = bytearray(target.read_bytes())
+    if damage == "tampered":
+        data[-1] ^= 0xFF  # a flipped bit inside a tensor: still a readable file, caught by the hash only
+    else:
+        data = data[: len(data) // 2]
+    target.write_bytes(bytes(data))
+
+    with pytest.raises(FetchError) as info:
+        run(load_params())
+    message = str(info.value)
+    assert load_params().gpt2.weights["gpt2-small"].sha256 in message
+    assert "data/weights/gpt2-small/model.safetensors" in message  # where a hand-placed file is picked up
+    assert "gpt2.source: pretrain" in message
+    assert not list(Path("data/weights/gpt2-small").iterdir())  # nothing partial or unverified left
+    assert not Path("models/gpt2").exists()
+    # No MLflow run was opened: the tracking database was never even created.
+    assert not Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")).exists()
+
+
+def test_unobtainable_weights_fail_fast_naming_url(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPTLAB_MIRROR", str(project / "empty-mirror"))
+    # Repos that do not exist: even with a network this never downloads real weights.
+    edit_params(**{f"gpt2/weights/{name}/repo_id": f"gptlab-test/not-on-the-hub-{name}" for name in NAMES})
+    with pytest.raises(FetchError) as info:
+        run(load_params())
+    message = str(info.value)
+    assert "https://huggingface.co/gptlab-test/not-on-the-hub-gpt2-medium/resolve/" in message
+    assert "empty-mirror/gpt2-weights/gpt2-medium/model.safetensors" in message
+    assert "data/weights/gpt2-medium/model.safetensors" in message
+    assert "gpt2.source: pretrain" in message
+
+
+def test_base_model_without_pinned_weights_is_a_config_error(project: Path) -> None:
+    edit_params(**{"spam/base_model": "gpt2-large"})
+    with pytest.raises(ConfigError, match=r"gpt2\.weights\.gpt2-large: missing key"):
+        run(load_params())
+
+
+def tiny_pretrain_checkpoint(context_length: int = 32) -> GPTModel:
+    """An untied, bias-free model like the pretrain stage's, saved as models/pretrain."""
+    torch.manual_seed(7)
+    cfg = ModelConfig(context_length=context_length, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False)
+    model = GPTModel(cfg).eval()
+    save_model(model, "models/pretrain", {"stage": "pretrain"})
+    return model
+
+
+@pytest.mark.slow
+def test_pretrain_source_through_the_stage_script(project: Path) -> None:
+    pretrained = tiny_pretrain_checkpoint()
+    edit_params(**{"gpt2/source": "pretrain"})
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "stages" / "load_gpt2.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    with torch.no_grad():  # tied as documented: the embedding is the head, the old head is dropped
+        pretrained.out_head.weight.copy_(pretrained.tok_emb.weight)
+    ids = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
+    for name in NAMES:
+        model, metadata = load_model(Path("models/gpt2") / name)
+        assert model.cfg.qkv_bias and model.cfg.context_length == 32 and model.cfg.n_heads == 2
+        assert not model.trf_blocks[0].att.W_query.bias.any()  # no bias became a zero bias
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids), pretrained(ids), rtol=0, atol=1e-5)
+        assert metadata["source"] == "pretrain"
+        assert metadata["checkpoint_sha256"] == sha256_file("models/pretrain/model.safetensors")
+    report = json.loads(Path("reports/load-gpt2/metrics.json").read_text())
+    assert sorted(report) == sorted(NAMES) and all(math.isfinite(m["val_loss"]) for m in report.values())
+    assert not list(Path("data/weights").glob("*/*"))  # nothing downloaded
+
+
+def test_pretrain_source_needs_the_pretrain_checkpoint(project: Path) -> None:
+    edit_params(**{"gpt2/source": "pretrain"})
+    with pytest.raises(FileNotFoundError, match="models/pretrain"):
+        run(load_params())
+
+
+def test_windows_longer_than_the_context_are_refused(project: Path) -> None:
+    tiny_pretrain_checkpoint(context_length=16)
+    edit_params(**{"gpt2/source": "pretrain"})
+    with pytest.raises(ValueError, match="pretrain.data.max_length=32 exceeds the context length 16"):
+        run(load_params())

@@ -1,0 +1,166 @@
+"""The pretrain and eval stages end to end through the real `dvc repro`, killed and resumed, on a tiny GPT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from gptlab.checkpoint import list_checkpoints, load_model
+from gptlab.tracking import tracking_uri
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+OUTPUTS = (
+    "reports/pretrain/metrics.json",
+    "reports/pretrain/losses.csv",
+    "reports/pretrain/loss.png",
+    "models/pretrain/model.safetensors",
+    "models/pretrain/config.json",
+)
+
+
+def tiny_params(project: Path) -> None:
+    """The real params.yaml shrunk: 2 epochs x 12 steps of a 2-layer model, and few spam/instruct rows."""
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    params["tokenize"]["spam"]["max_rows"] = 20
+    params["tokenize"]["instruct"]["max_records"] = 5
+    pretrain = params["pretrain"]
+    pretrain["model"].update(context_length=32, emb_dim=32, n_layers=2, n_heads=2)
+    pretrain["data"].update(max_length=32, stride=48)  # 4,612 training tokens: 96 windows, 12 batches
+    pretrain["train"].update(
+        batch_size=8, epochs=2, eval_freq=3, eval_iter=2, checkpoint_every=2, device="cpu"
+    )
+    pretrain["sample"]["max_new_tokens"] = 6
+    for sample in params["eval"]["samples"].values():
+        sample["max_new_tokens"] = 5
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A git + DVC repo holding a copy of the pipeline's definition and code."""
+    for name in ("dvc.yaml", ".gitignore"):
+        shutil.copy(PROJECT_ROOT / name, tmp_path / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("src", "stages"):
+        shutil.copytree(PROJECT_ROOT / name, tmp_path / name, ignore=ignore)
+    tiny_params(tmp_path)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    for command in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["git", "add", "-A"],
+        [*git, "commit", "-qm", "tiny"],
+    ):
+        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    return tmp_path
+
+
+def env() -> dict[str, str]:
+    # One thread: much faster for a tiny model on a busy CPU; the same for every run compared.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["dvc", *args], cwd=project, env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"dvc {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def snapshot(project: Path) -> dict[str, bytes]:
+    return {name: (project / name).read_bytes() for name in OUTPUTS}
+
+
+def kill_mid_run(project: Path) -> None:
+    """Start the pretrain stage, let it write a checkpoint, then kill -9 it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "stages/pretrain.py"],
+        cwd=project,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runs = project / ".gptlab" / "runs" / "pretrain"
+    deadline = time.monotonic() + 300
+    while not any(list_checkpoints(run) for run in runs.glob("*")):
+        assert proc.poll() is None, "the pretrain stage ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint appeared within 300 s"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the kill"
+
+
+@pytest.mark.slow
+def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(project: Path) -> None:
+    dvc(project, "repro", "tokenize")
+    kill_mid_run(project)
+
+    resumed = dvc(project, "repro", "pretrain", "eval")
+    assert "resuming from" in resumed.stderr + resumed.stdout
+    first = snapshot(project)
+    assert not list((project / ".gptlab" / "runs" / "pretrain").iterdir()), "finished runs leave no state"
+
+    # A clean rerun from scratch ends byte-identical to the interrupted-and-resumed one.
+    dvc(project, "repro", "--force", "pretrain")
+    assert snapshot(project) == first
+    assert "Stage 'eval' didn't change" in dvc(project, "repro", "eval").stdout  # same checkpoint bytes
+
+    metrics = json.loads((project / "reports/pretrain/metrics.json").read_text())
+    assert metrics["steps"] == 2 * 12 and metrics["epochs"] == 2
+    assert metrics["tokens_seen"] == 24 * 8 * 32
+    assert metrics["final_train_loss"] < metrics["initial_train_loss"] - 1.0
+    assert 10.5 < metrics["initial_val_loss"] < 11.5  # ln(50257) = 10.8: an untrained model guesses
+    losses = pd.read_csv(project / "reports/pretrain/losses.csv")
+    assert list(losses.columns) == ["step", "tokens_seen", "train_loss", "val_loss"]
+    assert losses["step"].tolist() == list(range(0, 24, 3))
+    assert (project / "reports/pretrain/loss.png").read_bytes()[:4] == b"\x89PNG"
+    model, metadata = load_model(project / "models/pretrain")
+    assert (model.cfg.emb_dim, model.cfg.context_length) == (32, 32)
+    assert metadata["stage"] == "pretrain" and metadata["metrics"] == metrics
+
+    evaluated = json.loads((project / "reports/eval/metrics.json").read_text())
+    assert set(evaluated) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
+    assert evaluated["val_perplexity"] == pytest.approx(2.718281828 ** evaluated["val_loss"])
+    samples = json.loads((project / "reports/eval/samples.json").read_text())
+    assert set(samples) == {"greedy", "temperature_top_k"}
+    assert all(s["text"].startswith("Every effort moves you") for s in samples.values())
+
+    shown = dvc(project, "metrics", "show", "--json").stdout
+    assert "final_val_perplexity" in shown and "val_perplexity" in shown
+    assert "reports/pretrain/losses.csv" in dvc(project, "plots", "show", "--json").stdout
+
+    client = MlflowClient(tracking_uri())
+    experiment = client.get_experiment_by_name("gptlab")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    by_name: dict[str, list] = {}
+    for run in runs:
+        by_name.setdefault(run.info.run_name, []).append(run)
+    killed, resumed_run, rerun = by_name["pretrain"]
+    assert killed.info.status == "RUNNING"  # kill -9 leaves no chance to close it
+    assert resumed_run.data.tags["gptlab.resumed_from_step"].isdigit()
+    assert "gptlab.resumed_from_step" not in rerun.data.tags
+    assert rerun.data.params["pretrain.model.emb_dim"] == "32"
+    history = client.get_metric_history(rerun.info.run_id, "val_loss")
+    assert [m.step for m in history] == losses["step"].tolist()
+    assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
+    assert {"wall_seconds", "tokens_per_second", "final_val_perplexity"} <= set(rerun.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
+    assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/model", "pretrain/reports"} <= artifacts
+    (eval_run,) = by_name["eval"]
+    assert set(eval_run.data.metrics) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
+    # The resumed pretrain and the eval came from one `dvc repro`: one shared tag finds both.
+    assert eval_run.data.tags["gptlab.pipeline_run"] == resumed_run.data.tags["gptlab.pipeline_run"]
+    assert eval_run.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]

@@ -1,0 +1,85 @@
+"""Answer generation and extraction, and the ROUGE-L score of answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptlab.config import ModelConfig
+from gptlab.datasets.instruct import format_input, format_prompt
+from gptlab.model import GPTModel
+from gptlab.responses import extract_response, generate_response, generate_responses, rouge_l
+from gptlab.tokenizer import END_OF_TEXT_ID
+
+ENTRY = {
+    "instruction": "Name the capital of France.",
+    "input": "",
+    "output": "The capital of France is Paris.",
+}
+ENTRY_WITH_INPUT = {"instruction": "Correct the spelling.", "input": "Ocassion", "output": "Occasion"}
+
+
+def test_extract_strips_prompt_header_and_whitespace() -> None:
+    prompt = format_input(ENTRY)
+    generated = prompt + "\n\n### Response:\nThe capital of France is Paris.\n  "
+    assert extract_response(generated, prompt) == "The capital of France is Paris."
+    assert extract_response(format_prompt(ENTRY) + "Paris.", prompt) == "Paris."
+
+
+def test_extract_without_header_and_inner_header_kept() -> None:
+    prompt = format_input(ENTRY_WITH_INPUT)
+    assert extract_response(prompt + " Occasion", prompt) == "Occasion"
+    inner = "Write '### Response:' above your answer."
+    assert extract_response(prompt + "\n\n### Response:\n" + inner, prompt) == inner
+    assert extract_response(prompt, prompt) == ""
+
+
+def test_extract_refuses_text_without_its_prompt() -> None:
+    with pytest.raises(AssertionError, match="begin with its prompt"):
+        extract_response("something else entirely", format_input(ENTRY))
+
+
+def constant_model(token_id: int) -> GPTModel:
+    """A tiny GPT whose greedy choice is always `token_id`: the final norm outputs a fixed vector."""
+    torch.manual_seed(0)
+    model = GPTModel(ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0))
+    with torch.no_grad():
+        model.final_norm.scale.zero_()
+        model.final_norm.shift.zero_()
+        model.final_norm.shift[0] = 1.0
+        model.out_head.weight.zero_()
+        model.out_head.weight[token_id, 0] = 1.0
+    return model.eval()
+
+
+def test_generate_response_decodes_only_the_answer(tokenizer) -> None:
+    (yes,) = tokenizer.encode(" yes")
+    answer = generate_response(constant_model(yes), tokenizer, ENTRY_WITH_INPUT, max_new_tokens=3)
+    assert answer == "yes yes yes"
+
+
+def test_generate_response_stops_at_end_of_text(tokenizer) -> None:
+    answer = generate_response(constant_model(END_OF_TEXT_ID), tokenizer, ENTRY, max_new_tokens=5)
+    assert answer == ""
+
+
+def test_generate_responses_keeps_records_in_order(tokenizer) -> None:
+    (ok,) = tokenizer.encode(" ok")
+    records = [ENTRY, ENTRY_WITH_INPUT]
+    answered = generate_responses(constant_model(ok), tokenizer, records, max_new_tokens=2)
+    assert answered == [{**record, "model_response": "ok ok"} for record in records]
+
+
+def test_rouge_l() -> None:
+    reference = "the cat sat on the mat"
+    exact, partial, disjoint, stemmed = rouge_l(
+        [reference] * 4, [reference, "the cat on the mat", "dogs bark loudly", "the cats sat on the mats"]
+    )
+    assert exact == pytest.approx(1.0)
+    # Longest common subsequence 5 of 5 response and 6 reference words.
+    precision, recall = 5 / 5, 5 / 6
+    assert partial == pytest.approx(2 * precision * recall / (precision + recall))
+    assert disjoint == 0.0
+    assert stemmed == pytest.approx(1.0)  # cats/mats stem to cat/mat
+    with pytest.raises(ValueError):
+        rouge_l([reference], [])

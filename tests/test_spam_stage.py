@@ -1,0 +1,298 @@
+"""The spam-finetune stage end to end through the real `dvc repro`, then `gptlab classify` on its model.
+
+One tiny run (a 2-layer GPT, 4 epochs over 32 messages) is shared by the slow
+tests of this module: ~25 s of CPU for the stage and the DVC and MLflow checks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from gptlab.checkpoint import load_model, save_model
+from gptlab.classifier import PAD_TOKEN_ID, class_logits, make_classifier
+from gptlab.cli import main as gptlab_main
+from gptlab.config import ModelConfig, load_params
+from gptlab.datasets import spam
+from gptlab.model import GPTModel
+from gptlab.tokenizer import load_tokenizer
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+ROWS = 32  # per split: 4 training batches of 8
+EPOCHS = 4
+SPLITS = ("train", "val", "test")
+SPAM_PLOTS = ("losses.csv", "accuracy.csv", "predictions.csv", "confusion_matrix.png")
+
+
+def write_params(project: Path) -> None:
+    """The real params.yaml, shrunk to a run of seconds that still learns something."""
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    params["tokenize"]["spam"]["max_rows"] = ROWS
+    # A tiny random model learns from scratch: train all of it, faster, without dropout.
+    params["spam"].update(trainable="all", drop_rate=0.0)
+    params["spam"]["train"].update(
+        epochs=EPOCHS, lr=1e-2, eval_freq=4, eval_iter=1, checkpoint_every=100, device="cpu"
+    )
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def dvc(project: Path, env: dict[str, str], *args: str) -> str:
+    exe = Path(sys.executable).with_name("dvc")
+    proc = subprocess.run(
+        [str(exe) if exe.is_file() else "dvc", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the project with a tiny base model and spam slice, after `dvc repro spam-finetune`."""
+    project = tmp_path_factory.mktemp("spam") / "project"
+    project.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("src", "stages"):
+        shutil.copytree(PROJECT_ROOT / folder, project / folder, ignore=ignore)
+    shutil.copy2(PROJECT_ROOT / "dvc.yaml", project / "dvc.yaml")
+    write_params(project)
+    # The tokenizer reads data.raw_dir/gpt2: point it at the mirror's BPE files.
+    (project / "data" / "raw").mkdir(parents=True)
+    (project / "data" / "raw" / "gpt2").symlink_to(shared_data / "gpt2", target_is_directory=True)
+    # The tokenize stage's spam part, as that stage would run it with these params.
+    params = load_params(project / "params.yaml")
+    split = params.tokenize.spam
+    spam.prepare(
+        shared_data / params.data.sources.sms_spam.path,
+        project / params.data.processed_dir,
+        load_tokenizer(shared_data),
+        seed=split.seed,
+        train_frac=split.train_frac,
+        val_frac=split.val_frac,
+        max_rows=split.max_rows,
+    )
+    torch.manual_seed(0)
+    base = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
+    save_model(GPTModel(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+
+    store = tmp_path_factory.mktemp("mlflow")
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+        "DVC_SITE_CACHE_DIR": str(tmp_path_factory.mktemp("dvc-site")),
+        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
+        "PYTHONPATH": str(project / "src"),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "OMP_NUM_THREADS": "1",  # a tiny model: threads only add overhead on a shared CPU
+    }
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    dvc(project, env, "init", "-q")
+    dvc(project, env, "repro", "--single-item", "spam-finetune")
+    return project, env
+
+
+@pytest.mark.slow
+def test_stage_learns_and_reports_consistent_metrics(trained: tuple[Path, dict[str, str]]) -> None:
+    project, _ = trained
+    reports = project / "reports" / "spam"
+    metrics = json.loads((reports / "metrics.json").read_text())
+
+    # Balanced classes: chance is 50 %; training data must be learnt well beyond it.
+    assert metrics["train"]["accuracy"] >= 0.75, metrics["train"]
+    assert metrics["train"]["accuracy"] > metrics["initial"]["train_accuracy"]
+    assert metrics["steps"] == EPOCHS * ROWS // 8 and metrics["examples_seen"] == EPOCHS * ROWS
+
+    for split in SPLITS:
+        frame = pd.read_csv(project / "data" / "processed" / "spam" / f"{split}.csv")
+        matrix = metrics[split]["confusion_matrix"]
+        counts = np.array(
+            [[matrix[f"actual_{a}"][f"predicted_{p}"] for p in ("ham", "spam")] for a in ("ham", "spam")]
+        )
+        assert counts.sum() == len(frame) == ROWS
+        assert counts.sum(axis=1).tolist() == [(frame["label"] == 0).sum(), (frame["label"] == 1).sum()]
+        tn, fp, fn, tp = counts.ravel()
+        assert metrics[split]["accuracy"] == pytest.approx((tn + tp) / ROWS)
+        assert metrics[split]["precision"] == pytest.approx(tp / (tp + fp))
+        assert metrics[split]["recall"] == pytest.approx(tp / (tp + fn))
+
+    # predictions.csv is the test confusion matrix, row by row, in test-set order.
+    predictions = pd.read_csv(reports / "predictions.csv")
+    test = pd.read_csv(project / "data" / "processed" / "spam" / "test.csv")
+    assert list(predictions.columns) == ["actual", "predicted"]
+    assert predictions["actual"].tolist() == test["label"].map({0: "ham", 1: "spam"}).tolist()
+    table = pd.crosstab(predictions["actual"], predictions["predicted"])
+    assert table.loc["spam", "spam"] == metrics["test"]["confusion_matrix"]["actual_spam"]["predicted_spam"]
+
+    losses = pd.read_csv(reports / "losses.csv")
+    assert list(losses.columns) == ["step", "examples_seen", "train_loss", "val_loss"]
+    assert losses["step"].tolist() == list(range(0, metrics["steps"], 4))
+    assert losses["examples_seen"].tolist() == [8 * (s + 1) for s in losses["step"]]
+    accuracy = pd.read_csv(reports / "accuracy.csv")
+    assert accuracy["epoch"].tolist() == list(range(EPOCHS + 1))  # 0: before training
+    assert accuracy["train_accuracy"].iloc[0] == metrics["initial"]["train_accuracy"]
+    assert (reports / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The checkpoint rebuilds the classifier alone, with what `gptlab classify` needs.
+    model, metadata = load_model(project / "models" / "spam")
+    assert model.cfg.num_classes == 2 and model.out_head.out_features == 2
+    assert metadata["labels"] == {"0": "ham", "1": "spam"}
+    assert metadata["max_length"] == np.load(project / "data" / "processed" / "spam" / "train.npy").shape[1]
+    assert metadata["pooling"] == "last" and metadata["base_model"] == "gpt2-small"
+
+
+@pytest.mark.slow
+def test_dvc_sees_the_declared_metrics_and_plots(trained: tuple[Path, dict[str, str]]) -> None:
+    project, env = trained
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["spam-finetune"]
+    assert {out["path"] for out in lock["outs"]} >= {"models/spam", "reports/spam/metrics.json"}
+    shown = json.loads(dvc(project, env, "metrics", "show", "--json"))
+    data = next(iter(shown.values()))["data"]["reports/spam/metrics.json"]["data"]
+    assert (
+        data["test"]["accuracy"]
+        == json.loads((project / "reports/spam/metrics.json").read_text())["test"]["accuracy"]
+    )
+    plots = json.loads(dvc(project, env, "plots", "show", "--json", "--split"))
+    # Other stages' plots are missing in this copy; every one of this stage's renders.
+    assert not [e for e in plots["errors"] if e["name"].startswith("reports/spam/")], plots["errors"]
+    ours = {name: entries for name, entries in plots["data"].items() if name.startswith("reports/spam/")}
+    assert set(ours) == {f"reports/spam/{f}" for f in SPAM_PLOTS}
+    assert all(entries for entries in ours.values())
+    confusion = ours["reports/spam/predictions.csv"][0]["content"]["spec"]["encoding"]
+    assert (confusion["x"]["field"], confusion["y"]["field"]) == ("predicted", "actual")
+    assert "up to date" in dvc(project, env, "status", "spam-finetune")
+
+
+@pytest.mark.slow
+def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
+    trained: tuple[Path, dict[str, str]],
+) -> None:
+    project, env = trained
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("gptlab")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    run = next(r for r in runs if r.info.run_name == "spam-finetune")
+    metrics = json.loads((project / "reports" / "spam" / "metrics.json").read_text())
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test.accuracy"] == pytest.approx(metrics["test"]["accuracy"])
+    assert run.data.metrics["test.f1"] == pytest.approx(metrics["test"]["f1"])
+    assert run.data.params["spam.trainable"] == "all"
+    run_id = run.info.run_id
+    assert len(client.get_metric_history(run_id, "val_accuracy")) == EPOCHS
+    assert len(client.get_metric_history(run_id, "train_loss")) == len(
+        pd.read_csv(project / "reports/spam/losses.csv")
+    )
+    artifacts = {a.path for folder in ("spam", "spam/model") for a in client.list_artifacts(run_id, folder)}
+    assert {
+        "spam/confusion_matrix.png",
+        "spam/confusion_matrix_test.json",
+        "spam/model/model.safetensors",
+    } <= artifacts
+    logged = json.loads(
+        Path(client.download_artifacts(run_id, "spam/confusion_matrix_test.json")).read_text()
+    )
+    matrix = metrics["test"]["confusion_matrix"]
+    assert logged["matrix"] == [
+        [matrix[f"actual_{a}"][f"predicted_{p}"] for p in ("ham", "spam")] for a in ("ham", "spam")
+    ]
+
+
+@pytest.mark.slow
+def test_classify_agrees_with_the_stage_on_the_test_set(
+    trained: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project, _ = trained
+    monkeypatch.chdir(project)
+    test = pd.read_csv(project / "data" / "processed" / "spam" / "test.csv")
+    predictions = pd.read_csv(project / "reports" / "spam" / "predictions.csv")
+    # Messages are one per line; none of the sliced test messages spans lines.
+    assert not test["text"].str.contains("\n").any()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(test["text"]) + "\n\n"))
+    assert gptlab_main(["classify", "--file", "-", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == test["text"].tolist()
+    assert [r["label"] for r in rows] == predictions["predicted"].tolist()
+    assert all(0.5 <= r["probability"] <= 1.0 for r in rows)
+
+
+@pytest.mark.slow
+def test_classify_prints_label_probability_and_text(
+    trained: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project, _ = trained
+    monkeypatch.chdir(project)
+    messages = [
+        "You are a winner! Claim your free prize now",
+        "Hey, just wanted to check if we're still on for dinner?",
+    ]
+    (project / "messages.txt").write_text(messages[1] + "\n")
+    assert gptlab_main(["classify", messages[0], "--file", "messages.txt"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line, message in zip(lines, messages, strict=True):
+        label, probability, text = line.split("\t")
+        assert label in ("ham", "spam") and 0.5 <= float(probability) <= 1.0 and text == message
+
+
+def test_classify_without_a_trained_model_says_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert gptlab_main(["classify", "free prize"]) == 2
+    err = capsys.readouterr().err
+    assert "no trained classifier in models/spam" in err and "dvc repro spam-finetune" in err
+
+
+def test_classify_refuses_a_language_model_checkpoint(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)
+    save_model(GPTModel(cfg), tmp_path / "lm")
+    code = gptlab_main(["classify", "hi", "--model", str(tmp_path / "lm"), "--raw-dir", str(shared_data)])
+    assert code == 2
+    assert "not a spam-finetune classifier" in capsys.readouterr().err
+
+
+def test_classify_pads_like_training_and_uses_the_checkpoint_pooling(
+    tmp_path: Path, shared_data: Path, tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = make_classifier(GPTModel(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    metadata = {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "mean"}
+    save_model(model, tmp_path / "clf", metadata)
+    args = ["classify", "--model", str(tmp_path / "clf"), "--raw-dir", str(shared_data), "--json"]
+    message = "Free entry in 2 a wkly comp to win FA Cup final tkts 21st May 2005. Text FA to 87121"
+
+    assert gptlab_main([*args, message, "ok see you"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ids = torch.from_numpy(spam.pad_ids(spam.encode_texts([message, "ok see you"], tokenizer), 12)).long()
+    assert ids[1, -1] == PAD_TOKEN_ID and ids[0, -1] != PAD_TOKEN_ID  # one padded, one truncated
+    with torch.no_grad():
+        probs = torch.softmax(class_logits(model, ids, "mean"), dim=-1)
+    for row, p in zip(rows, probs, strict=True):
+        best = int(p.argmax())
+        assert row["label"] == ("ham", "spam")[best]
+        assert row["probability"] == pytest.approx(float(p[best]), abs=1e-6)
+
+    assert gptlab_main(args) == 2
+    assert "nothing to classify" in capsys.readouterr().err
+    assert gptlab_main([*args, "hello", " "]) == 2
+    assert "message 2 is empty" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""MLflow tracking in a real local store: run naming, tags, params, metric histories, artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+from mlflow.tracking import MlflowClient
+
+from gptlab.config import ModelConfig, TrainConfig, flatten, load_params
+from gptlab.datasets.verdict import GPTDatasetV1
+from gptlab.losses import next_token_loss
+from gptlab.model import GPTModel
+from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
+from gptlab.train import fit
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def client() -> MlflowClient:
+    return MlflowClient(tracking_uri())
+
+
+def runs_of(experiment: str) -> list:
+    found = client().get_experiment_by_name(experiment)
+    return client().search_runs([found.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_tracking_uri_defaults_to_sqlite_in_the_project(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    assert tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "repro-42")
+    monkeypatch.setenv("DVC_EXP_NAME", "tiny-lr")
+    params = flatten(load_params(PROJECT_ROOT / "params.yaml").pretrain, "pretrain")
+    with stage_run("pretrain", "exp-a", params) as run:
+        run.log_metrics({"val_loss": 6.5}, step=3)
+    with pytest.raises(RuntimeError, match="boom"), stage_run("eval", "exp-a", {"eval.batch_size": 2}):
+        raise RuntimeError("boom")
+
+    first, second = runs_of("exp-a")
+    assert (first.info.run_name, first.info.status) == ("pretrain", "FINISHED")
+    assert (second.info.run_name, second.info.status) == ("eval", "FAILED")
+    assert first.data.params["pretrain.train.lr"] == "0.0004"
+    assert first.data.params["pretrain.train.max_steps"] == "null"
+    assert len(first.data.params) == len(params)
+    tags = first.data.tags
+    assert tags["gptlab.stage"] == "pretrain" and tags["gptlab.dvc_exp"] == "tiny-lr"
+    # Both stages of one `dvc repro` share the pipeline-run tag, so they can be found together.
+    assert tags["gptlab.pipeline_run"] == second.data.tags["gptlab.pipeline_run"] == "repro-42"
+    assert len(tags["gptlab.params_hash"]) == 16 and tags["gptlab.git_dirty"] in ("true", "false")
+    assert tags["mlflow.source.git.commit"]
+    assert first.data.metrics == {"val_loss": 6.5}
+
+
+def test_pipeline_run_id_outside_dvc_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPTLAB_PIPELINE_RUN", raising=False)
+    first, second = pipeline_run_id(), pipeline_run_id()
+    assert first.startswith("single-") and first != second
+
+
+def test_artifacts_land_in_the_store(tmp_path: Path) -> None:
+    report = tmp_path / "reports"
+    report.mkdir()
+    (report / "metrics.json").write_text("{}")
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    with stage_run("pretrain", "exp-b", {}) as run:
+        run.log_text("Every effort moves you", "pretrain/samples.txt")
+        run.log_figure(fig, "pretrain/loss.png")
+        run.log_artifact(report, "pretrain/reports")
+        run.log_dict({"a": 1}, "eval/samples.json")
+        run_id = run.run_id
+    listed = {a.path for a in client().list_artifacts(run_id, "pretrain")}
+    assert listed == {"pretrain/samples.txt", "pretrain/loss.png", "pretrain/reports"}
+    assert [a.path for a in client().list_artifacts(run_id, "pretrain/reports")] == [
+        "pretrain/reports/metrics.json"
+    ]
+    text = Path(client().download_artifacts(run_id, "pretrain/samples.txt", str(tmp_path)))
+    assert text.read_text() == "Every effort moves you"
+
+
+def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path, tokenizer) -> None:
+    ids = tokenizer.encode("Every effort moves you " * 60)
+    train_data, val_data = GPTDatasetV1(ids[:200], 8, 8), GPTDatasetV1(ids[200:300], 8, 8)
+    cfg = TrainConfig(
+        batch_size=4,
+        epochs=2,
+        lr=1e-3,
+        weight_decay=0.1,
+        eval_freq=2,
+        eval_iter=1,
+        seed=1,
+        grad_clip=1.0,
+        warmup_steps=0,
+        lr_schedule="constant",
+        min_lr=0.0,
+        device="cpu",
+        precision="fp32",
+        fused_adamw=False,
+        checkpoint_every=3,
+        keep_checkpoints=1,
+        max_steps=None,
+    )
+    model_cfg = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1)
+
+    def train(run, train_cfg: TrainConfig):
+        torch.manual_seed(0)
+        return fit(
+            GPTModel(model_cfg),
+            train_data,
+            val_data,
+            cfg=train_cfg,
+            loss_fn=next_token_loss,
+            checkpoint_dir=tmp_path,
+            tracker=run,
+            on_epoch_end=lambda epoch, model: {"epoch_score": float(epoch), "note": "text is not a metric"},
+        )
+
+    with stage_run("pretrain", "exp-c", {}) as run:
+        full = train(run, cfg)
+        first_id = run.run_id
+    steps = [row["step"] for row in full.history]
+    history = client().get_metric_history(first_id, "train_loss")
+    assert [(m.step, m.value) for m in history] == [(row["step"], row["train_loss"]) for row in full.history]
+    assert [m.value for m in client().get_metric_history(first_id, "tokens_seen")] == [
+        row["seen"] for row in full.history
+    ]
+    assert [m.step for m in client().get_metric_history(first_id, "lr")] == steps
+    assert [(m.step, m.value) for m in client().get_metric_history(first_id, "epoch_score")] == [
+        (row["step"], row["epoch_score"]) for row in full.epochs
+    ]
+    assert "note" not in client().get_run(first_id).data.metrics
+
+    # A finished run's checkpoint is still there: a new stage execution "resumes" at the end and
+    # must still show the whole curve in its own MLflow run.
+    with stage_run("pretrain", "exp-c", {}) as run:
+        resumed = train(run, cfg)
+        second_id = run.run_id
+    assert resumed.resumed_steps == full.steps and resumed.history == full.history
+    assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
+    assert [m.step for m in client().get_metric_history(second_id, "val_loss")] == steps
