@@ -114,9 +114,13 @@ def test_gpt2_small_shapes_in_openai_hub_layout(tmp_path: Path) -> None:
     torch.testing.assert_close(logits(ours, ids), logits(hf, ids), rtol=0, atol=1e-5)
 
 
-def test_ours_to_hf_to_ours_is_bitwise_equal(tmp_path: Path) -> None:
-    model = tie(tiny_gptlab_model())
+@pytest.mark.parametrize("tied", [True, False])
+def test_ours_to_hf_to_ours_is_bitwise_equal(tmp_path: Path, tied: bool) -> None:
+    model = tiny_gptlab_model()  # a fresh model's head differs from its embedding
+    if tied:
+        tie(model)
     save_hf(model, tmp_path)
+    assert ("lm_head.weight" in load_file(str(tmp_path / "model.safetensors"))) is not tied
     back = load_hf_folder(tmp_path)
     assert back.cfg == model.cfg
     original = model.state_dict()
@@ -139,17 +143,29 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, qkv_bias
         assert not hf.transformer.h[0].attn.c_attn.bias.any()
 
 
-def test_untied_head_is_refused_unless_tied_on_request(tmp_path: Path) -> None:
+def test_untied_export_loads_in_transformers_with_equal_logits(tmp_path: Path) -> None:
     model = tiny_gptlab_model()  # a fresh model's head differs from its embedding
-    with pytest.raises(ValueError, match="--tie-head"):
-        save_hf(model, tmp_path / "refused")
-    assert not (tmp_path / "refused" / "model.safetensors").exists()
+    save_hf(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False
+    assert load_file(str(tmp_path / "model.safetensors"))["lm_head.weight"].shape == (300, 32)
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert not hf.config.tie_word_embeddings
+    assert hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr()
+    assert torch.equal(hf.lm_head.weight, model.out_head.weight)
+    ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(logits(hf, ids), logits(model, ids), rtol=0, atol=1e-5)
 
-    save_hf(model, tmp_path / "tied", tie_head=True)
-    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "tied").eval()
+
+def test_tie_head_ties_and_drops_the_head(tmp_path: Path) -> None:
+    model = tiny_gptlab_model()
+    save_hf(model, tmp_path, tie_head=True)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     ids = torch.randint(0, 300, (1, 20))
     # What was dropped: out_head. The exported model uses the embedding as its head.
     torch.testing.assert_close(logits(hf, ids), logits(tie(model), ids), rtol=0, atol=1e-5)
+    assert torch.equal(load_hf_folder(tmp_path).out_head.weight, model.tok_emb.weight)
 
 
 def test_classifier_checkpoint_is_refused(tmp_path: Path) -> None:
@@ -160,14 +176,16 @@ def test_classifier_checkpoint_is_refused(tmp_path: Path) -> None:
 
 
 def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = tiny_gptlab_model()
+    model = tiny_gptlab_model()  # untied: its own head is exported
     save_model(model, tmp_path / "ckpt")
-    assert cli.main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 2
-    assert "--tie-head" in capsys.readouterr().err
-
-    assert cli.main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--tie-head"]) == 0
-    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(0, 300, (1, 8))
+    assert cli.main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    assert "from_pretrained" in capsys.readouterr().out
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    torch.testing.assert_close(logits(hf, ids), logits(model, ids), rtol=0, atol=1e-5)
+
+    assert cli.main(["export", str(tmp_path / "ckpt"), str(tmp_path / "tied"), "--tie-head"]) == 0
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "tied").eval()
     torch.testing.assert_close(logits(hf, ids), logits(tie(model), ids), rtol=0, atol=1e-5)
 
 

@@ -23,8 +23,10 @@ from gptlab.checkpoint import load_model, save_model
 from gptlab.config import ConfigError, ModelConfig, load_params
 from gptlab.datasets.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
 from gptlab.fetch import FetchError, sha256_file
+from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.stages.load_gpt2 import run
+from gptlab.train import ordered_loader
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("gpt2-medium", "gpt2-small")
@@ -223,19 +225,30 @@ def test_pretrain_source_through_the_stage_script(project: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
 
-    with torch.no_grad():  # tied as documented: the embedding is the head, the old head is dropped
-        pretrained.out_head.weight.copy_(pretrained.tok_emb.weight)
     ids = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
+    expected = pretrained.state_dict()
     for name in NAMES:
         model, metadata = load_model(Path("models/gpt2") / name)
         assert model.cfg.qkv_bias and model.cfg.context_length == 32 and model.cfg.n_heads == 2
-        assert not model.trf_blocks[0].att.W_query.bias.any()  # no bias became a zero bias
+        # Every tensor of the checkpoint unchanged, its untied head included; no bias became a zero bias.
+        state = model.state_dict()
+        for key, tensor in state.items():
+            if key in expected:
+                assert torch.equal(tensor, expected[key]), key
+            else:
+                assert key.endswith(".bias") and ".att.W_" in key and not tensor.any(), key
+        assert not torch.equal(model.out_head.weight, model.tok_emb.weight)
         with torch.no_grad():
-            torch.testing.assert_close(model(ids), pretrained(ids), rtol=0, atol=1e-5)
+            torch.testing.assert_close(model(ids), pretrained(ids), rtol=0, atol=1e-6)
         assert metadata["source"] == "pretrain"
         assert metadata["checkpoint_sha256"] == sha256_file("models/pretrain/model.safetensors")
     report = json.loads(Path("reports/load-gpt2/metrics.json").read_text())
-    assert sorted(report) == sorted(NAMES) and all(math.isfinite(m["val_loss"]) for m in report.values())
+    assert sorted(report) == sorted(NAMES)
+    for split in ("train", "val"):  # the pretrain checkpoint's own losses, as the eval stage computes them
+        dataset = GPTDatasetV1(load_split("data/processed", split), MAX_LENGTH, STRIDE)
+        own = average_loss(pretrained, ordered_loader(dataset, BATCH), next_token_loss)
+        for name in NAMES:
+            assert report[name][f"{split}_loss"] == pytest.approx(own, rel=0, abs=1e-6)
     assert not list(Path("data/weights").glob("*/*"))  # nothing downloaded
 
 

@@ -17,6 +17,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from gptlab.checkpoint import list_checkpoints, load_model
+from gptlab.config import ConfigError, load_params
+from gptlab.plots import plot_losses
+from gptlab.stages import pretrain as pretrain_stage
 from gptlab.tracking import tracking_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +41,7 @@ def tiny_params(project: Path) -> None:
     pretrain["model"].update(context_length=32, emb_dim=32, n_layers=2, n_heads=2)
     pretrain["data"].update(max_length=32, stride=48)  # 4,612 training tokens: 96 windows, 12 batches
     pretrain["train"].update(
-        batch_size=8, epochs=2, eval_freq=3, eval_iter=2, checkpoint_every=2, device="cpu"
+        batch_size=8, epochs=2, lr=0.005, eval_freq=3, eval_iter=2, checkpoint_every=2, device="cpu"
     )
     pretrain["sample"]["max_new_tokens"] = 6
     for sample in params["eval"]["samples"].values():
@@ -164,3 +167,36 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     # The resumed pretrain and the eval came from one `dvc repro`: one shared tag finds both.
     assert eval_run.data.tags["gptlab.pipeline_run"] == resumed_run.data.tags["gptlab.pipeline_run"]
     assert eval_run.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]
+
+
+def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:
+    history = [
+        {"step": step, "seen": (step + 1) * 512, "train_loss": 10.0 - step, "val_loss": 10.5 - step / 2}
+        for step in range(0, 9, 3)
+    ]
+    figure = plot_losses(history, steps_per_epoch=3)
+    bottom, top = figure.axes
+    train, val = bottom.lines
+    assert list(train.get_xdata()) == [1 / 3, 4 / 3, 7 / 3]  # after step s: (s + 1) / steps_per_epoch epochs
+    assert list(val.get_ydata()) == [10.5, 9.0, 7.5]
+    assert list(top.lines[0].get_xdata()) == [512, 2048, 3584]
+    assert (bottom.get_xlabel(), top.get_xlabel()) == ("Epochs", "Tokens seen")
+
+
+def test_bad_settings_and_missing_data_fail_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"verdict/train\.npy not found: run `dvc repro tokenize`"):
+        pretrain_stage.run(load_params())
+    text = (tmp_path / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text.replace("max_length: 32", "max_length: 64"))
+    with pytest.raises(
+        ValueError, match="pretrain.data.max_length=64 exceeds pretrain.model.context_length=32"
+    ):
+        pretrain_stage.run(load_params())
+    (tmp_path / "params.yaml").write_text(text.replace("lr: 0.005", "lr: fast"))
+    with pytest.raises(ConfigError, match="pretrain.train.lr: expected a float, got 'fast'"):
+        load_params()
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "models").exists()

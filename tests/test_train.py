@@ -205,6 +205,7 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
     assert "do not give the loss recorded at save time" in err
     assert resumed.resumed_steps == 6
     assert resumed.history == result.history[:4]  # steps 7 and 8 redone exactly
+    checkpoint.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
 
 
 def test_damaged_files_are_refused_naming_them(tmp_path: Path) -> None:
@@ -273,13 +274,13 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 def test_max_steps_bf16_and_warmup_cosine(tmp_path: Path) -> None:
     cfg = dataclasses.replace(
-        TRAIN, max_steps=5, precision="bf16", warmup_steps=2, lr_schedule="cosine", min_lr=1e-4, eval_freq=1
+        TRAIN, max_steps=3, precision="bf16", warmup_steps=1, lr_schedule="cosine", min_lr=1e-4, eval_freq=1
     )
     calls: list[int] = []
     _, result = run_fit(tmp_path, cfg, on_epoch_end=lambda epoch, model: calls.append(epoch) or {})
-    assert result.steps == 5
+    assert result.steps == 3
     assert calls == [1]  # the cut-short epoch still ends with the callback
-    assert [row["lr"] for row in result.history] == [learning_rate(s, cfg, 5) for s in range(5)]
+    assert [row["lr"] for row in result.history] == [learning_rate(s, cfg, 3) for s in range(3)]
     assert all(math.isfinite(row["train_loss"]) for row in result.history)
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
 

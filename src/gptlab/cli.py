@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"gptlab {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -6,8 +6,9 @@ three ways, each handled by a table below:
 - `Conv1D` layers store weights as [in, out], nn.Linear as [out, in] (CONV1D_WEIGHTS);
 - query, key and value are one fused `c_attn` projection, split along its output
   dimension into W_query, W_key, W_value (FUSED_QKV).
-The output head is tied to the token embedding (`tie_word_embeddings`): on import the
-embedding is copied into our separate `out_head`, as the book does.
+OpenAI's GPT-2 ties its output head to the token embedding (`tie_word_embeddings`): on
+import the embedding is copied into our separate `out_head`, as the book does. A folder
+with `tie_word_embeddings: false` has its own `lm_head.weight`, loaded into out_head.
 
 Two key layouts are read: OpenAI's hub file (`wte.weight`, `h.0.attn.c_attn.weight`)
 and the `transformer.`-prefixed one `save_pretrained` writes. The causal-mask buffers
@@ -18,9 +19,12 @@ is an error naming the tensor.
 Export writes a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads with
 the same logits. transformers is never imported here: config.json is written by hand.
 - Models without qkv bias are exported with zero c_attn biases (the same function).
-- An untied head cannot be expressed with `tie_word_embeddings`, so it is refused
-  unless `tie_head=True`, which keeps the token embedding and drops `out_head`
-  (the logits then change: they use the embedding as the head).
+- A head equal to the token embedding is exported tied, as GPT-2's own (no
+  `lm_head.weight`, `tie_word_embeddings: true`); any other head is written as
+  `lm_head.weight` ([vocab, emb], nn.Linear's layout, no transpose) with
+  `tie_word_embeddings: false`, so export -> import gives back the same tensors.
+- `tie_head=True` forces a tied export: the token embedding becomes the head and
+  `out_head` is dropped (the logits then change unless the two were equal).
 - Classifier checkpoints (num_classes set) have no language-model head: refused.
 """
 
@@ -324,16 +328,15 @@ def load_hf_folder(directory: Path | str) -> GPTModel:
 
 
 def gptlab_to_hf(model: GPTModel, *, tie_head: bool = False) -> dict[str, torch.Tensor]:
-    """A `save_pretrained`-layout state dict (tied head, so no `lm_head.weight`) from our model."""
+    """A `save_pretrained`-layout state dict from our model.
+
+    A head equal to the token embedding is left out (tied, as GPT-2's); any other head
+    is `lm_head.weight`, unless `tie_head` drops it and the embedding serves as the head.
+    """
     cfg = model.cfg
     check_language_model(cfg)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    if not tie_head and not torch.equal(state["out_head.weight"], state["tok_emb.weight"]):
-        raise ValueError(
-            "the output head is not tied to the token embedding, and a GPT-2 folder ties them: "
-            "pass --tie-head (tie_head=True) to export the token embedding as the head and drop "
-            "out_head (the logits will then differ from this checkpoint's)"
-        )
+    untied = not tie_head and not torch.equal(state["out_head.weight"], state["tok_emb.weight"])
     hf: dict[str, torch.Tensor] = {}
     for name, hf_name in name_map(cfg.n_layers).items():
         tensor = state[name]
@@ -349,11 +352,17 @@ def gptlab_to_hf(model: GPTModel, *, tie_head: bool = False) -> dict[str, torch.
         else:
             bias = torch.zeros(3 * cfg.emb_dim)  # no bias is the same function as a zero bias
         hf[f"h.{i}.{fused}.bias"] = bias
-    return {PREFIX + name: tensor.contiguous().clone() for name, tensor in hf.items()}
+    out = {PREFIX + name: tensor.contiguous().clone() for name, tensor in hf.items()}
+    if untied:  # GPT2LMHeadModel's lm_head is an nn.Linear: [vocab, emb] as ours, and unprefixed
+        out[HEAD] = state["out_head.weight"].contiguous().clone()
+    return out
 
 
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """The config.json of GPT2LMHeadModel for `cfg` (the fields transformers reads for GPT-2)."""
+def hf_config(cfg: ModelConfig, *, tied: bool = True) -> dict[str, Any]:
+    """The config.json of GPT2LMHeadModel for `cfg` (the fields transformers reads for GPT-2).
+
+    `tied` false means the weights carry their own `lm_head.weight`.
+    """
     # bos/eos must be ids inside the vocabulary; tiny test vocabularies have no <|endoftext|>.
     eos = END_OF_TEXT_ID if cfg.vocab_size > END_OF_TEXT_ID else None
     return {
@@ -375,7 +384,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": tied,
         "use_cache": True,
         "bos_token_id": eos,
         "eos_token_id": eos,
@@ -384,13 +393,17 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def save_hf(model: GPTModel, out_dir: Path | str, *, tie_head: bool = False) -> Path:
-    """Write `config.json` + `model.safetensors` for GPT2LMHeadModel into `out_dir`; returns it."""
+    """Write `config.json` + `model.safetensors` for GPT2LMHeadModel into `out_dir`; returns it.
+
+    An untied head is kept (`lm_head.weight`) unless `tie_head`; see `gptlab_to_hf`.
+    """
     out_dir = Path(out_dir)
     state = gptlab_to_hf(model, tie_head=tie_head)
+    config = hf_config(model.cfg, tied=HEAD not in state)
     with atomic_path(out_dir / WEIGHTS_FILE) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
-        tmp.write_text(json.dumps(hf_config(model.cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out_dir
 
 
@@ -403,7 +416,11 @@ def export_checkpoint(checkpoint_dir: Path | str, out_dir: Path | str, *, tie_he
 
 
 def roundtrip_checkpoint(checkpoint_dir: Path | str, *, tie_head: bool = False) -> GPTModel:
-    """A checkpoint taken through export and import, as OpenAI's weights are (via a temp folder)."""
+    """A checkpoint taken through export and import, as OpenAI's weights are (via a temp folder).
+
+    Without `tie_head` the result holds exactly the checkpoint's tensors (qkv biases
+    become zeros if it had none), so its logits are the checkpoint's own.
+    """
     with tempfile.TemporaryDirectory(prefix="gptlab-hf-") as tmp:
         export_checkpoint(checkpoint_dir, tmp, tie_head=tie_head)
         return load_hf_folder(tmp)

@@ -69,7 +69,9 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{project.resolve() / 'mlflow.db'}")
     env.setdefault("DVC_NO_ANALYTICS", "1")
     sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
-    subprocess.run(["dvc", "exp", "run", "--name", profile.stem, *sets], cwd=workdir, env=env, check=True)
+    result = subprocess.run(["dvc", "exp", "run", "--name", profile.stem, *sets], cwd=workdir, env=env)
+    if result.returncode:
+        raise RuntimeError(f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})")
     return workdir / "reports"
 
 

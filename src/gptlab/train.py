@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -355,16 +356,12 @@ class _Trainer:
                 "probe_loss": probe_loss,
             }
             path = checkpoint.save_training_checkpoint(self.checkpoint_dir, progress.steps, self.model, state)
-            weights, _ = checkpoint.load_training_checkpoint(path)
-            with torch.device("meta"):
-                reloaded = GPTModel(self.model.cfg)
-            reloaded.load_state_dict(weights, assign=True)
-            reloaded.to(self.device)
-            if not self._same_loss(self._probe_loss(reloaded), probe_loss):
+            try:
+                self._load_checked(path)
+            except checkpoint.CheckpointError as exc:
                 raise checkpoint.CheckpointError(
-                    f"{path}: the saved weights give a different loss than the model in memory; "
-                    "the disk may be failing"
-                )
+                    f"{path} does not read back as written ({exc}); is the disk full or failing?"
+                ) from exc
         checkpoint.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
 
     def _same_loss(self, a: float, b: float) -> bool:
@@ -374,30 +371,53 @@ class _Trainer:
     def _resume(self) -> _Progress | None:
         """Restore the newest checkpoint that loads and checks out; None to start afresh."""
         checkpoint.remove_partial_checkpoints(self.checkpoint_dir)
+        refused: list[Path] = []
+        progress = None
         for path in reversed(checkpoint.list_checkpoints(self.checkpoint_dir)):
             try:
-                return self._restore(path)
+                progress = self._restore(path)
+                break
             except checkpoint.CheckpointError as exc:
                 print(f"warning: skipping checkpoint {path}: {exc}", file=sys.stderr)
-        return None
+                refused.append(path)
+        for path in refused:  # newer than the one resumed from, and unusable: out of the way
+            shutil.rmtree(path)
+        return progress
 
     def _restore(self, path: Path) -> _Progress:
-        weights, state = checkpoint.load_training_checkpoint(path)
-        if state.get("format") != STATE_FORMAT:
-            raise checkpoint.CheckpointError(f"unknown training state format {state.get('format')!r}")
+        weights, state = self._load_checked(path)
         if state["train_config"] != dataclasses.asdict(self.cfg):
             raise checkpoint.CheckpointError("it was made with different train settings")
-        try:
-            self.model.load_state_dict(weights)
-        except RuntimeError as exc:
-            raise checkpoint.CheckpointError(f"its weights do not fit this model ({exc})") from exc
-        if not self._same_loss(self._probe_loss(self.model), state["probe_loss"]):
-            raise checkpoint.CheckpointError("its weights do not give the loss recorded at save time")
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:  # checks the parameter groups before changing anything
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as exc:
+            raise checkpoint.CheckpointError(f"its optimizer state does not fit ({exc})") from exc
+        self.model.load_state_dict(weights)  # cannot fail: _load_checked built this model from them
         _set_rng_state(state["rng"])
         progress = _Progress(**state["progress"])
         print(f"resuming from {path} (step {progress.steps} of {self.total_steps})", file=sys.stderr)
         return progress
+
+    def _load_checked(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A checkpoint's weights and state, once its weights give the loss recorded at save time.
+
+        The check runs on a second model built around the loaded tensors, so the
+        model being trained is untouched if the checkpoint turns out bad.
+        """
+        weights, state = checkpoint.load_training_checkpoint(path)
+        if state.get("format") != STATE_FORMAT:
+            raise checkpoint.CheckpointError(f"unknown training state format {state.get('format')!r}")
+        with torch.device("meta"):
+            reloaded = GPTModel(self.model.cfg)
+        try:
+            reloaded.load_state_dict(weights, assign=True)
+        except RuntimeError as exc:
+            raise checkpoint.CheckpointError(f"its weights do not fit this model ({exc})") from exc
+        with _forked_rng(self.device):
+            probe_loss = self._probe_loss(reloaded.to(self.device))
+        if not self._same_loss(probe_loss, state["probe_loss"]):
+            raise checkpoint.CheckpointError("its weights do not give the loss recorded at save time")
+        return weights, state
 
 
 # ---------------------------------------------------------------------- #

@@ -2,9 +2,10 @@
 
 The folder (config.json + model.safetensors) loads with
 `transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR)` and gives the same logits.
-Models trained without qkv bias get zero biases (the same function). GPT-2 ties
-its output head to the token embedding, so a checkpoint with its own head is
-refused unless --tie-head, which keeps the embedding and drops the head.
+Models trained without qkv bias get zero biases (the same function). A head equal
+to the token embedding is exported tied, as OpenAI's GPT-2; any other head is
+written as `lm_head.weight` with `tie_word_embeddings: false`. --tie-head forces a
+tied export: the embedding becomes the head and the checkpoint's own is dropped.
 Classifier checkpoints (spam) have no language-model head and are refused.
 """
 
@@ -24,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tie-head",
         action="store_true",
-        help="export an untied checkpoint anyway: its token embedding becomes the head and its "
-        "own out_head is dropped (the logits change)",
+        help="tie the head as OpenAI's GPT-2 does: the token embedding becomes the head and the "
+        "checkpoint's own out_head is dropped (the logits change unless the two were equal); "
+        "by default an untied head is kept as lm_head.weight",
     )
 
 

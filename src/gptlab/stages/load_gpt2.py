@@ -6,8 +6,9 @@ instruct.base_model), writes a gptlab checkpoint to models/gpt2/<name>/:
   taken from gpt2.download_dir/<name>/ if already there, else the mirror
   (GPTLAB_MIRROR/gpt2-weights/<name>/), else Hugging Face; then converted.
 - gpt2.source pretrain: this pipeline's models/pretrain taken through the same
-  export -> import path (head tied to the token embedding: its own head is
-  dropped), so both fine-tunes can run with no network at all.
+  export -> import path (its own output head kept as `lm_head.weight`, so the
+  model has exactly the checkpoint's logits), so both fine-tunes can run with no
+  network at all.
 Each model is then checked as the book does: loss and perplexity on The Verdict
 (the metric names of the eval stage) and a seeded sample. One MLflow run per
 model, named load-gpt2 and tagged gptlab.base_model=<name>, so each sits beside
@@ -89,9 +90,9 @@ def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[
         "name": name,
         "checkpoint": PRETRAIN_DIR.as_posix(),
         "checkpoint_sha256": sha256_file(PRETRAIN_DIR / WEIGHTS_FILE),
-        "head": "tied to the token embedding by export -> import; the checkpoint's out_head is dropped",
+        "head": "the checkpoint's own out_head, kept through export -> import (same logits)",
     }
-    return roundtrip_checkpoint(PRETRAIN_DIR, tie_head=True), metadata
+    return roundtrip_checkpoint(PRETRAIN_DIR), metadata
 
 
 def verdict_losses(model: GPTModel, params: Params, desc: str) -> dict[str, float]:
