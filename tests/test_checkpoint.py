@@ -64,6 +64,9 @@ def test_atomic_path_leaves_nothing_when_the_block_fails(tmp_path: Path) -> None
     with atomic_path(target) as tmp:
         tmp.write_text("whole")
     assert target.read_text() == "whole" and list((tmp_path / "sub").iterdir()) == [target]
+    plain = tmp_path / "plain.txt"
+    plain.write_text("")
+    assert target.stat().st_mode == plain.stat().st_mode  # not mkstemp's private 0600
 
 
 def training_state() -> dict:

@@ -41,7 +41,7 @@ def tiny_params(project: Path) -> None:
     pretrain["model"].update(context_length=32, emb_dim=32, n_layers=2, n_heads=2)
     pretrain["data"].update(max_length=32, stride=48)  # 4,612 training tokens: 96 windows, 12 batches
     pretrain["train"].update(
-        batch_size=8, epochs=2, lr=0.005, eval_freq=3, eval_iter=2, checkpoint_every=2, device="cpu"
+        batch_size=8, epochs=2, lr=0.005, eval_freq=4, eval_iter=2, checkpoint_every=4, device="cpu"
     )
     pretrain["sample"]["max_new_tokens"] = 6
     for sample in params["eval"]["samples"].values():
@@ -128,7 +128,7 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert 10.5 < metrics["initial_val_loss"] < 11.5  # ln(50257) = 10.8: an untrained model guesses
     losses = pd.read_csv(project / "reports/pretrain/losses.csv")
     assert list(losses.columns) == ["step", "tokens_seen", "train_loss", "val_loss"]
-    assert losses["step"].tolist() == list(range(0, 24, 3))
+    assert losses["step"].tolist() == list(range(0, 24, 4))
     assert (project / "reports/pretrain/loss.png").read_bytes()[:4] == b"\x89PNG"
     model, metadata = load_model(project / "models/pretrain")
     assert (model.cfg.emb_dim, model.cfg.context_length) == (32, 32)

@@ -41,6 +41,9 @@ MANIFEST_FILE = "manifest.json"
 # Resumable training runs, one folder per stage and fingerprint (gitignored).
 RUNS_DIR = Path(".gptlab") / "runs"
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
+# The process's umask (reading it means setting it, so set it straight back).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 class CheckpointError(ValueError):
@@ -58,6 +61,8 @@ def atomic_path(target: Path) -> Iterator[Path]:
         yield tmp_path
         with tmp_path.open("rb") as fh:
             os.fsync(fh.fileno())
+        # mkstemp makes the file private (0600); give it the mode any new file would get.
+        os.chmod(tmp_path, 0o666 & ~_UMASK)
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
