@@ -71,7 +71,9 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
     sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
     result = subprocess.run(["dvc", "exp", "run", "--name", profile.stem, *sets], cwd=workdir, env=env)
     if result.returncode:
-        raise RuntimeError(f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})")
+        raise RuntimeError(
+            f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
+        )
     return workdir / "reports"
 
 

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "update-baseline":
         rows = update_baseline(args.baseline, args.reports)
-        print(markdown_table(rows))
+        print(markdown_table(compare(load_baseline(args.baseline), args.reports)))
         print(f"\n{args.baseline}: {len(rows)} baseline values updated from {args.reports}")
         return 0
     return check(args.baseline, args.reports)
