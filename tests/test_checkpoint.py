@@ -14,6 +14,7 @@ from gptlab import checkpoint
 from gptlab.checkpoint import (
     CheckpointError,
     atomic_path,
+    finish_run,
     list_checkpoints,
     load_model,
     load_training_checkpoint,
@@ -143,3 +144,12 @@ def test_run_dir_changes_with_settings_and_input_content(
     assert run_dir("pretrain", {"lr": 0.1}, [data]) != first
     with pytest.raises(FileNotFoundError, match="missing.npy not found"):
         run_dir("pretrain", {}, [tmp_path / "missing.npy"])
+
+
+def test_finish_run_removes_the_runs_state_and_tolerates_a_missing_one(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "pretrain" / "abc"
+    (run / "step-0000010").mkdir(parents=True)
+    (run / "step-0000010" / "state.pt").write_bytes(b"state")
+    finish_run(run)
+    assert not run.exists() and (tmp_path / "runs" / "pretrain").is_dir()
+    finish_run(run)  # a run that saved nothing (or was already finished) is fine

@@ -16,7 +16,8 @@ import yaml
 
 from gptlab.config import ConfigError, ModelConfig, Params, SourceFile, flatten, load_params
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
+
 PARAMS = PROJECT_ROOT / "params.yaml"
 DVC_STAGES = ["download", "tokenize", "pretrain", "eval", "load-gpt2", "spam-finetune", "instruct-finetune"]
 DELETE = object()

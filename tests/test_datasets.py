@@ -20,7 +20,7 @@ from gptlab.datasets import spam, verdict
 from gptlab.stages import tokenize as tokenize_stage
 from gptlab.tokenizer import END_OF_TEXT_ID
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
 
 
 def stage_params(raw_dir: Path, processed_dir: Path) -> Params:

@@ -22,7 +22,8 @@ from gptlab.config import SourceFile, load_params
 from gptlab.fetch import FetchError, fetch, sha256_file
 from gptlab.stages.download import run
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
+
 # Nothing listens here: a test that reaches this URL fails, proving no download happened.
 UNREACHABLE = "http://127.0.0.1:9/never-fetched"
 

@@ -14,7 +14,8 @@ import mlflow
 import pytest
 import yaml
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT, dvc, git
+
 # Pipeline outputs: a fresh clone has none of these.
 OUTPUT_DIRS = ("data/", "models/", "reports/")
 STAGES = ("download", "tokenize")
@@ -35,25 +36,6 @@ def copy_project(dest: Path) -> None:
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
-
-
-def git(project: Path, *args: str) -> None:
-    identity = ("-c", "user.name=gptlab tests", "-c", "user.email=tests@gptlab.invalid")
-    subprocess.run(["git", *identity, *args], cwd=project, check=True, capture_output=True)
-
-
-def dvc(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run(
-        [str(exe) if exe.is_file() else "dvc", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def snapshot(project: Path) -> dict[str, tuple[str, int]]:
@@ -87,7 +69,7 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     }
     assert env["GPTLAB_MIRROR"] == str(shared_data)
 
-    dvc(project, env, "repro", *STAGES)
+    dvc(project, "repro", *STAGES, env=env)
 
     params = yaml.safe_load((project / "params.yaml").read_text())
     raw = project / params["data"]["raw_dir"]
@@ -107,7 +89,7 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     assert [metrics["instruct"][s]["records"] for s in ("train", "val", "test")] == [935, 55, 110]
     assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == set(STAGES)
     # DVC finds the stage's metrics where dvc.yaml declares them.
-    shown = json.loads(dvc(project, env, "metrics", "show", "--json", REPORT).stdout)
+    shown = json.loads(dvc(project, "metrics", "show", "--json", REPORT, env=env).stdout)
     assert shown[""]["data"][REPORT]["data"] == metrics
 
     runs = pipeline_runs(isolated_tools)
@@ -116,7 +98,7 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     assert len({r.data.tags["gptlab.pipeline_run"] for r in runs}) == 1, "one dvc repro, one pipeline id"
 
     before = snapshot(project)
-    second = dvc(project, env, "repro", *STAGES)
+    second = dvc(project, "repro", *STAGES, env=env)
     assert snapshot(project) == before
     for stage in STAGES:
         assert f"'{stage}' didn't change" in second.stdout, second.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -10,6 +12,17 @@ from gptlab.generate import _top_p_filter, generate, generate_text
 from gptlab.model import GPTModel, KVCache
 
 TINY = dict(vocab_size=97, context_length=32, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
+NEW_TOKENS = 40  # greedy decoding: 5 + 40 > 32, so every prompt length slides the window
+assert TINY["context_length"] < 5 + NEW_TOKENS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: these matrices are tiny, and extra threads only wait on a busy CPU (10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["sdpa", "masked_softmax"])
@@ -26,10 +39,11 @@ def prompts() -> torch.Tensor:
 @pytest.mark.parametrize("prompt_len", [5, 31, 45])  # short, one short of the context, past it
 def test_cached_greedy_equals_uncached(model: GPTModel, prompt_len: int) -> None:
     idx = torch.randint(0, TINY["vocab_size"], (2, prompt_len), generator=torch.Generator().manual_seed(2))
-    # 60 new tokens run well past the 32-token context, so the window slides with a cache too.
-    cached = generate(model, idx, 60, use_cache=True)
-    uncached = generate(model, idx, 60, use_cache=False)
-    assert cached.shape == (2, prompt_len + 60)
+    # 40 new tokens run past the 32-token context even from the short prompt, so the window
+    # slides with a cache too.
+    cached = generate(model, idx, NEW_TOKENS, use_cache=True)
+    uncached = generate(model, idx, NEW_TOKENS, use_cache=False)
+    assert cached.shape == (2, prompt_len + NEW_TOKENS)
     assert torch.equal(cached, uncached)
     assert cached[:, prompt_len:].unique().numel() > 3  # a real continuation, not one repeated token
 
@@ -58,13 +72,13 @@ def test_prompts_longer_than_the_context_are_cropped(model: GPTModel) -> None:
 def test_sampling_is_reproducible_with_a_seed(model: GPTModel, prompts: torch.Tensor) -> None:
     def sample(seed: int, use_cache: bool = True) -> torch.Tensor:
         torch.manual_seed(seed)
-        return generate(model, prompts, 20, temperature=1.0, top_k=20, use_cache=use_cache)
+        return generate(model, prompts, 12, temperature=1.0, top_k=20, use_cache=use_cache)
 
     first = sample(123)
     assert torch.equal(first, sample(123))
     assert torch.equal(first, sample(123, use_cache=False))  # the cache draws the same random numbers
     assert not torch.equal(first, sample(124))
-    assert not torch.equal(first, generate(model, prompts, 20))  # sampling differs from greedy
+    assert not torch.equal(first, generate(model, prompts, 12))  # sampling differs from greedy
 
 
 def test_top_k_one_tiny_top_p_and_tiny_temperature_are_greedy(model: GPTModel, prompts: torch.Tensor) -> None:

@@ -28,7 +28,8 @@ from gptlab.stages import stage_main
 from gptlab.stages.instruct_finetune import run
 from gptlab.tokenizer import load_tokenizer
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
+
 STAGE_SCRIPT = PROJECT_ROOT / "stages" / "instruct_finetune.py"
 RECORDS = 4  # per split
 MAX_NEW_TOKENS = 4

@@ -28,7 +28,8 @@ from gptlab.model import GPTModel
 from gptlab.stages.load_gpt2 import run
 from gptlab.train import ordered_loader
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
+
 NAMES = ("gpt2-medium", "gpt2-small")
 MAX_LENGTH, STRIDE, BATCH = 32, 256, 2
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,9 @@ from gptlab.plots import plot_losses
 from gptlab.stages import pretrain as pretrain_stage
 from gptlab.tracking import tracking_uri
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+import helpers
+from helpers import PROJECT_ROOT, copy_code, git
+
 OUTPUTS = (
     "reports/pretrain/metrics.json",
     "reports/pretrain/losses.csv",
@@ -52,20 +53,12 @@ def tiny_params(project: Path) -> None:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A git + DVC repo holding a copy of the pipeline's definition and code."""
-    for name in ("dvc.yaml", ".gitignore"):
-        shutil.copy(PROJECT_ROOT / name, tmp_path / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "stages"):
-        shutil.copytree(PROJECT_ROOT / name, tmp_path / name, ignore=ignore)
+    copy_code(tmp_path)
     tiny_params(tmp_path)
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
-    for command in (
-        ["git", "init", "-q"],
-        ["dvc", "init", "-q"],
-        ["git", "add", "-A"],
-        [*git, "commit", "-qm", "tiny"],
-    ):
-        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    git(tmp_path, "init", "-q")
+    dvc(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "tiny")
     return tmp_path
 
 
@@ -75,11 +68,7 @@ def env() -> dict[str, str]:
 
 
 def dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        ["dvc", *args], cwd=project, env=env(), capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, f"dvc {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+    return helpers.dvc(project, *args, env=env(), timeout=600)
 
 
 def snapshot(project: Path) -> dict[str, bytes]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +27,8 @@ from gptlab.datasets import spam
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT, copy_code, dvc, git
+
 ROWS = 32  # per split: 4 training batches of 8
 EPOCHS = 4
 SPLITS = ("train", "val", "test")
@@ -48,29 +47,11 @@ def write_params(project: Path) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def dvc(project: Path, env: dict[str, str], *args: str) -> str:
-    exe = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run(
-        [str(exe) if exe.is_file() else "dvc", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, dict[str, str]]:
     """A copy of the project with a tiny base model and spam slice, after `dvc repro spam-finetune`."""
     project = tmp_path_factory.mktemp("spam") / "project"
-    project.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("src", "stages"):
-        shutil.copytree(PROJECT_ROOT / folder, project / folder, ignore=ignore)
-    shutil.copy2(PROJECT_ROOT / "dvc.yaml", project / "dvc.yaml")
+    copy_code(project)
     write_params(project)
     # The tokenizer reads data.raw_dir/gpt2: point it at the mirror's BPE files.
     (project / "data" / "raw").mkdir(parents=True)
@@ -103,9 +84,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "OMP_NUM_THREADS": "1",  # a tiny model: threads only add overhead on a shared CPU
     }
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    dvc(project, env, "init", "-q")
-    dvc(project, env, "repro", "--single-item", "spam-finetune")
+    git(project, "init", "-q")
+    dvc(project, "init", "-q", env=env)
+    dvc(project, "repro", "--single-item", "spam-finetune", env=env)
     return project, env
 
 
@@ -119,6 +100,7 @@ def test_stage_learns_and_reports_consistent_metrics(trained: tuple[Path, dict[s
     assert metrics["train"]["accuracy"] >= 0.75, metrics["train"]
     assert metrics["train"]["accuracy"] > metrics["initial"]["train_accuracy"]
     assert metrics["steps"] == EPOCHS * ROWS // 8 and metrics["examples_seen"] == EPOCHS * ROWS
+    assert not list((project / ".gptlab" / "runs").glob("spam-finetune/*")), "finished runs leave no state"
 
     for split in SPLITS:
         frame = pd.read_csv(project / "data" / "processed" / "spam" / f"{split}.csv")
@@ -163,13 +145,13 @@ def test_dvc_sees_the_declared_metrics_and_plots(trained: tuple[Path, dict[str, 
     project, env = trained
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["spam-finetune"]
     assert {out["path"] for out in lock["outs"]} >= {"models/spam", "reports/spam/metrics.json"}
-    shown = json.loads(dvc(project, env, "metrics", "show", "--json"))
+    shown = json.loads(dvc(project, "metrics", "show", "--json", env=env).stdout)
     data = next(iter(shown.values()))["data"]["reports/spam/metrics.json"]["data"]
     assert (
         data["test"]["accuracy"]
         == json.loads((project / "reports/spam/metrics.json").read_text())["test"]["accuracy"]
     )
-    plots = json.loads(dvc(project, env, "plots", "show", "--json", "--split"))
+    plots = json.loads(dvc(project, "plots", "show", "--json", "--split", env=env).stdout)
     # Other stages' plots are missing in this copy; every one of this stage's renders.
     assert not [e for e in plots["errors"] if e["name"].startswith("reports/spam/")], plots["errors"]
     ours = {name: entries for name, entries in plots["data"].items() if name.startswith("reports/spam/")}
@@ -177,7 +159,7 @@ def test_dvc_sees_the_declared_metrics_and_plots(trained: tuple[Path, dict[str, 
     assert all(entries for entries in ours.values())
     confusion = ours["reports/spam/predictions.csv"][0]["content"]["spec"]["encoding"]
     assert (confusion["x"]["field"], confusion["y"]["field"]) == ("predicted", "actual")
-    assert "up to date" in dvc(project, env, "status", "spam-finetune")
+    assert "up to date" in dvc(project, "status", "spam-finetune", env=env).stdout
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from gptlab.model import GPTModel
 from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT
 
 
 def client() -> MlflowClient:

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import mirror_dir
 from torch.utils.data import DataLoader, TensorDataset
 
 from gptlab import checkpoint
@@ -27,6 +26,8 @@ from gptlab.losses import IGNORE_INDEX, average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer
 from gptlab.train import epoch_order, fit, learning_rate, ordered_loader, resolve_device, tokens
+
+from conftest import mirror_dir
 
 TESTS_DIR = Path(__file__).resolve().parent
 CONTEXT = 16

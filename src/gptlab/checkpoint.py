@@ -248,6 +248,11 @@ def run_dir(stage: str, config: Mapping[str, Any], inputs: Iterable[Path | str] 
     return RUNS_DIR / stage / hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def finish_run(checkpoint_dir: Path | str) -> None:
+    """Delete a run's resumable state once its outputs are written: a finished run never resumes."""
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
 def _fsync_dir(directory: Path) -> None:
     """Make a rename inside `directory` durable."""
     fd = os.open(directory, os.O_RDONLY)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -33,8 +32,6 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 # Padding id of the spam datasets (and of `gptlab classify`); mean pooling skips it.
 PAD_TOKEN_ID = END_OF_TEXT_ID
-# Where the spam-finetune stage writes its classifier (project-relative, as DVC runs stages).
-SPAM_MODEL_DIR = Path("models") / "spam"
 # Class names by class id, ("ham", "spam"), as the tokenize stage labels the messages.
 CLASS_NAMES: tuple[str, ...] = tuple(sorted(LABELS, key=LABELS.__getitem__))
 

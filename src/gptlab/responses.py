@@ -9,7 +9,6 @@ with the KV cache, so answers are reproducible.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 import tiktoken
 from rouge_score import rouge_scorer
@@ -19,9 +18,6 @@ from gptlab.datasets.instruct import RESPONSE_HEADER, format_input
 from gptlab.generate import generate
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID, text_to_token_ids, token_ids_to_text
-
-# Where the instruct-finetune stage writes its model and `gptlab chat` reads it (project-relative).
-MODEL_DIR = Path("models") / "instruct"
 
 
 def extract_response(generated_text: str, prompt: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gptlab.config import ConfigError, Params, build
+from gptlab.paths import REPORTS
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
 
@@ -74,7 +75,7 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
         raise RuntimeError(
             f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
         )
-    return workdir / "reports"
+    return workdir / REPORTS
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

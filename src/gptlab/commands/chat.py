@@ -47,11 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import CONFIG_FILE, load_model
     from gptlab.config import load_params
-    from gptlab.responses import MODEL_DIR, generate_response
+    from gptlab.paths import INSTRUCT_MODEL
+    from gptlab.responses import generate_response
     from gptlab.tokenizer import load_tokenizer
     from gptlab.train import resolve_device
 
-    model_dir = args.model if args.model is not None else MODEL_DIR
+    model_dir = args.model if args.model is not None else INSTRUCT_MODEL
     if not (model_dir / CONFIG_FILE).is_file():
         print(
             f"gptlab chat: no instruction-tuned model in {model_dir}: "

@@ -46,12 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import CONFIG_FILE, load_model
-    from gptlab.classifier import SPAM_MODEL_DIR, classify_texts
+    from gptlab.classifier import classify_texts
     from gptlab.config import load_params
+    from gptlab.paths import SPAM_MODEL
     from gptlab.tokenizer import load_tokenizer
     from gptlab.train import resolve_device
 
-    model_dir: Path = args.model if args.model is not None else SPAM_MODEL_DIR
+    model_dir: Path = args.model if args.model is not None else SPAM_MODEL
     if not (model_dir / CONFIG_FILE).is_file():
         print(
             f"gptlab classify: no trained classifier in {model_dir}: "

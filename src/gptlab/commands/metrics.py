@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gptlab.metrics_check import DEFAULT_BASELINE, compare, load_baseline, markdown_table, update_baseline
+from gptlab.paths import REPORTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reports",
         type=Path,
-        default=Path("reports"),
+        default=REPORTS,
         help="folder holding the run's <stage>/metrics.json files (default: %(default)s; "
         "the smoke profile writes .gptlab/smoke/reports)",
     )

@@ -16,18 +16,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gptlab.checkpoint import atomic_path, load_model
+from gptlab.checkpoint import load_model
 from gptlab.config import Params, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split
 from gptlab.generate import generate_text
 from gptlab.losses import average_loss, next_token_loss
-from gptlab.stages.pretrain import MODEL_DIR
+from gptlab.paths import PRETRAIN_MODEL, REPORTS
+from gptlab.reports import write_json
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.train import ordered_loader, resolve_device
 
 STAGE = "eval"
-REPORT_DIR = Path("reports") / "eval"
+REPORT_DIR = REPORTS / "eval"
 SPLITS = ("train", "val")
 
 
@@ -35,7 +36,7 @@ def run(params: Params) -> None:
     cfg = params.eval
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
-    model, _ = load_model(MODEL_DIR, resolve_device("auto"))
+    model, _ = load_model(PRETRAIN_MODEL, resolve_device("auto"))
     context = model.cfg.context_length
     tokenizer = gpt2_tokenizer(
         raw_dir / params.data.sources.gpt2_vocab_bpe.path,
@@ -49,7 +50,7 @@ def run(params: Params) -> None:
     }
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}
     with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
-        tracker.set_tags({"gptlab.checkpoint": MODEL_DIR.as_posix()})
+        tracker.set_tags({"gptlab.checkpoint": PRETRAIN_MODEL.as_posix()})
         metrics: dict[str, Any] = {}
         for split, loader in loaders.items():
             loss = average_loss(model, loader, next_token_loss)  # load_model returns eval mode
@@ -61,15 +62,10 @@ def run(params: Params) -> None:
         }
         for name, sample in samples.items():
             print(f"{name}: {sample['text']!r}")
-        _write_json(REPORT_DIR / "metrics.json", metrics)
-        _write_json(REPORT_DIR / "samples.json", samples)
+        write_json(REPORT_DIR / "metrics.json", metrics)
+        write_json(REPORT_DIR / "samples.json", samples)
         tracker.log_metrics(metrics)
         tracker.log_dict(samples, "eval/samples.json")
         for name, sample in samples.items():
             tracker.log_text(sample["text"], f"eval/samples/{name}.txt")
     print(json.dumps(metrics, indent=2, sort_keys=True))
-
-
-def _write_json(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

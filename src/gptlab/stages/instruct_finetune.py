@@ -31,21 +31,22 @@ from gptlab.datasets.instruct import SPLITS, InstructionDataset, instruction_col
 from gptlab.judge import check_judge, judge_all, summarize
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
-from gptlab.responses import MODEL_DIR, generate_responses, rouge_l
+from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
+from gptlab.reports import write_json
+from gptlab.responses import generate_responses, rouge_l
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun, stage_run
 from gptlab.train import fit, ordered_loader
 
 STAGE = "instruct-finetune"
-BASE_MODELS_DIR = Path("models") / "gpt2"
-REPORT_DIR = Path("reports") / "instruct"
+REPORT_DIR = REPORTS / "instruct"
 
 
 def run(params: Params) -> None:
     cfg = params.instruct
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
-    base_dir = BASE_MODELS_DIR / cfg.base_model
+    base_dir = GPT2_MODELS / cfg.base_model
     # Fail before hours of training, not after: the judge, the base model, the data.
     if cfg.judge.enabled:
         check_judge(cfg.judge)
@@ -90,7 +91,7 @@ def run(params: Params) -> None:
         }
         save_model(
             model,
-            MODEL_DIR,
+            INSTRUCT_MODEL,
             {
                 "stage": STAGE,
                 "base_model": cfg.base_model,
@@ -148,12 +149,8 @@ def _write_reports(
     losses = pd.DataFrame(history, columns=["step", "seen", "train_loss", "val_loss"])
     with atomic_path(REPORT_DIR / "losses.csv") as tmp:
         losses.rename(columns={"seen": "tokens_seen"}).to_csv(tmp, index=False)
-    with atomic_path(REPORT_DIR / "responses.json") as tmp:
-        tmp.write_text(json.dumps(responses, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    with atomic_path(REPORT_DIR / "metrics.json") as tmp:
-        tmp.write_text(
-            json.dumps(metrics, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8"
-        )
+    write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
+    write_json(REPORT_DIR / "metrics.json", metrics, allow_nan=False)
 
 
 def _log(
@@ -172,7 +169,7 @@ def _log(
         table["judge_score"] = [r["judge_score"] for r in responses]
     tracker.log_table(table, "instruct/answers.json")
     tracker.log_artifact(REPORT_DIR, "reports")
-    tracker.log_artifact(MODEL_DIR, "model")
+    tracker.log_artifact(INSTRUCT_MODEL, "model")
 
 
 def _finite(value: float) -> float | None:

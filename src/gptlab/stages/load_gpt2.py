@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gptlab.checkpoint import WEIGHTS_FILE, atomic_path, read_config, save_model
+from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
 from gptlab.config import ConfigError, HFWeights, Params, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split
 from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
@@ -34,13 +34,13 @@ from gptlab.generate import generate_text
 from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
-from gptlab.stages.pretrain import MODEL_DIR as PRETRAIN_DIR
+from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
+from gptlab.reports import write_json
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.train import ordered_loader, resolve_device
 
-MODELS_DIR = Path("models") / "gpt2"
-REPORT_DIR = Path("reports") / "load-gpt2"
+REPORT_DIR = REPORTS / "load-gpt2"
 # Where weights files lie inside a mirror folder: gpt2-weights/<name>/<filename>.
 MIRROR_SUBDIR = "gpt2-weights"
 
@@ -88,11 +88,11 @@ def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[
     metadata = {
         "source": "pretrain",
         "name": name,
-        "checkpoint": PRETRAIN_DIR.as_posix(),
-        "checkpoint_sha256": sha256_file(PRETRAIN_DIR / WEIGHTS_FILE),
+        "checkpoint": PRETRAIN_MODEL.as_posix(),
+        "checkpoint_sha256": sha256_file(PRETRAIN_MODEL / WEIGHTS_FILE),
         "head": "the checkpoint's own out_head, kept through export -> import (same logits)",
     }
-    return roundtrip_checkpoint(PRETRAIN_DIR), metadata
+    return roundtrip_checkpoint(PRETRAIN_MODEL), metadata
 
 
 def verdict_losses(model: GPTModel, params: Params, desc: str) -> dict[str, float]:
@@ -120,7 +120,7 @@ def run(params: Params) -> None:
     if cfg.source == "huggingface":
         weights: dict[str, Path | None] = {name: obtain_weights(name, params) for name in names}
     else:
-        read_config(PRETRAIN_DIR)  # a clear error if the pretrain stage has not run
+        read_config(PRETRAIN_MODEL)  # a clear error if the pretrain stage has not run
         weights = dict.fromkeys(names)
     sources = params.data.sources
     raw_dir = Path(params.data.raw_dir)
@@ -141,7 +141,7 @@ def run(params: Params) -> None:
         with stage_run("load-gpt2", params.tracking.experiment, logged) as tracker:
             tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
             model, metadata = import_base_model(name, params, weights[name])
-            save_model(model, MODELS_DIR / name, metadata)
+            save_model(model, GPT2_MODELS / name, metadata)
             model.to(device).eval()
             report[name] = verdict_losses(model, params, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)
@@ -152,10 +152,5 @@ def run(params: Params) -> None:
             )
             del model
         print(f"{name}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
-    _write_json(REPORT_DIR / "metrics.json", report)
-    _write_json(REPORT_DIR / "samples.json", samples)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(REPORT_DIR / "metrics.json", report)
+    write_json(REPORT_DIR / "samples.json", samples)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,21 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gptlab.checkpoint import atomic_path, run_dir, save_model
+from gptlab.checkpoint import atomic_path, finish_run, run_dir, save_model
 from gptlab.config import Params, TrainConfig, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
 from gptlab.generate import generate_text
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
+from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
+from gptlab.reports import write_json
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.train import fit, ordered_loader, resolve_device
 
 STAGE = "pretrain"
-MODEL_DIR = Path("models") / "pretrain"
-REPORT_DIR = Path("reports") / "pretrain"
+REPORT_DIR = REPORTS / "pretrain"
 SPLITS = ("train", "val")
 
 
@@ -98,7 +98,9 @@ def run(params: Params) -> None:
             "epochs": len(result.epochs),
             "tokens_seen": result.seen,
         }
-        save_model(model, MODEL_DIR, {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics})
+        save_model(
+            model, PRETRAIN_MODEL, {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics}
+        )
         samples = "\n\n".join(
             f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs
         )
@@ -113,9 +115,9 @@ def run(params: Params) -> None:
         tracker.log_figure(figure, "pretrain/loss.png")
         tracker.log_text(samples, "pretrain/samples.txt")
         tracker.log_artifact(REPORT_DIR, "pretrain/reports")
-        tracker.log_artifact(MODEL_DIR, "pretrain/model")
+        tracker.log_artifact(PRETRAIN_MODEL, "pretrain/model")
     # Only now is the run complete: its resumable state is no longer needed.
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    finish_run(checkpoint_dir)
     print(json.dumps(metrics, indent=2, sort_keys=True))
 
 
@@ -138,8 +140,7 @@ def _perplexity(loss: float) -> float:
 
 
 def _write_reports(metrics: dict[str, Any], history: list[dict[str, float]], figure: Any) -> None:
-    with atomic_path(REPORT_DIR / "metrics.json") as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(REPORT_DIR / "metrics.json", metrics)
     losses = pd.DataFrame(history, columns=["step", "seen", "train_loss", "val_loss"])
     with atomic_path(REPORT_DIR / "losses.csv") as tmp:
         losses.rename(columns={"seen": "tokens_seen"}).to_csv(tmp, index=False)

@@ -10,7 +10,6 @@ confusion_matrix.png. Everything also goes to the stage's MLflow run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ from matplotlib.figure import Figure
 from sklearn.metrics import ConfusionMatrixDisplay
 from torch import nn
 
-from gptlab.checkpoint import atomic_path, load_model, run_dir, save_model
+from gptlab.checkpoint import atomic_path, finish_run, load_model, run_dir, save_model
 from gptlab.classifier import (
     CLASS_NAMES,
-    SPAM_MODEL_DIR,
     accuracy,
     classification_loss,
     classification_metrics,
@@ -34,18 +32,19 @@ from gptlab.classifier import (
 )
 from gptlab.config import Params, flatten
 from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
-from gptlab.stages.load_gpt2 import MODELS_DIR as BASE_MODELS_DIR
+from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
+from gptlab.reports import write_json
 from gptlab.tracking import StageRun, stage_run
 from gptlab.train import fit, ordered_loader, resolve_device
 
 STAGE = "spam-finetune"
-REPORT_DIR = Path("reports") / "spam"
+REPORT_DIR = REPORTS / "spam"
 
 
 def run(params: Params) -> None:
     cfg = params.spam
     processed_dir = Path(params.data.processed_dir)
-    base_dir = BASE_MODELS_DIR / cfg.base_model
+    base_dir = GPT2_MODELS / cfg.base_model
     device = resolve_device(cfg.train.device)
     model, base_metadata = load_model(base_dir, device, drop_rate=cfg.drop_rate)
     if model.cfg.num_classes is not None:
@@ -68,6 +67,9 @@ def run(params: Params) -> None:
         )
     # Evaluation reads every split in order; fit builds its own shuffled training loader.
     loaders = {split: ordered_loader(dataset, cfg.train.batch_size) for split, dataset in data.items()}
+    checkpoint_dir = run_dir(
+        STAGE, {"spam": flatten(cfg), "model": model.cfg.to_dict()}, [base_dir, processed_dir / SUBDIR]
+    )
 
     def eval_accuracy(split: str, trained: nn.Module) -> float:
         return accuracy(trained, loaders[split], cfg.pooling, num_batches=cfg.train.eval_iter)
@@ -95,11 +97,7 @@ def run(params: Params) -> None:
             data["val"],
             cfg=cfg.train,
             loss_fn=classification_loss(cfg.pooling),
-            checkpoint_dir=run_dir(
-                STAGE,
-                {"spam": flatten(cfg), "model": model.cfg.to_dict()},
-                [base_dir, processed_dir / SUBDIR],
-            ),
+            checkpoint_dir=checkpoint_dir,
             count_seen=examples,
             tracker=tracker,
             on_epoch_end=on_epoch_end,
@@ -125,7 +123,7 @@ def run(params: Params) -> None:
 
         save_model(
             model,
-            SPAM_MODEL_DIR,
+            SPAM_MODEL,
             {
                 "labels": {str(index): name for index, name in enumerate(CLASS_NAMES)},
                 "max_length": max_length,
@@ -142,6 +140,8 @@ def run(params: Params) -> None:
         with atomic_path(REPORT_DIR / "confusion_matrix.png") as tmp:
             figure.savefig(tmp, format="png", dpi=120)
         _log_run(tracker, metrics, final, data["test"], test_actual, test_predicted, test_probs, figure)
+    # Only now is the run complete: its resumable state is no longer needed.
+    finish_run(checkpoint_dir)
 
 
 def _percentages(scores: dict[str, float]) -> str:
@@ -168,8 +168,7 @@ def _write_reports(
     actual: np.ndarray,
     predicted: np.ndarray,
 ) -> None:
-    with atomic_path(REPORT_DIR / "metrics.json") as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(REPORT_DIR / "metrics.json", metrics)
     losses = pd.DataFrame(history, columns=["step", "seen", "train_loss", "val_loss"])
     _write_csv(losses.rename(columns={"seen": "examples_seen"}), REPORT_DIR / "losses.csv")
     # Epoch 0 is the fresh head, before any training step.
@@ -233,4 +232,4 @@ def _log_run(
         "spam/test_predictions.json",
     )
     tracker.log_artifact(REPORT_DIR, "spam/reports")
-    tracker.log_artifact(SPAM_MODEL_DIR, "spam/model")
+    tracker.log_artifact(SPAM_MODEL, "spam/model")

@@ -13,13 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.checkpoint import atomic_path
 from gptlab.config import Params, flatten
 from gptlab.datasets import instruct, spam, verdict
+from gptlab.paths import REPORTS
+from gptlab.reports import write_json
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 
-REPORT = Path("reports") / "tokenize" / "metrics.json"
+REPORT = REPORTS / "tokenize" / "metrics.json"
 
 
 def run(params: Params) -> None:
@@ -64,8 +65,7 @@ def run(params: Params) -> None:
                 max_records=cfg.instruct.max_records,
             ),
         }
-        with atomic_path(REPORT) as tmp:
-            tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(REPORT, metrics)
         tracker.log_metrics(flatten(metrics))
         tracker.log_artifact(REPORT, "tokenize")
         example = instruct.load_split(processed_dir, "train")[:1]
