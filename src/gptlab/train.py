@@ -12,7 +12,10 @@ reuse with another loss: AdamW, an evaluation on a few batches every
   optimizer, RNG states and the position in the epoch are saved; a rerun
   continues from the newest valid checkpoint and ends with the same numbers;
 - safety: a non-finite loss stops with an error, keeping the last good
-  checkpoint; each save is read back and checked before older ones go.
+  checkpoint; each save is read back and checked before older ones go;
+- data parallelism under `torchrun` (see `gptlab.distributed`): rank r takes
+  every world_size-th batch of the same epoch order, gradients are averaged by
+  DistributedDataParallel, and only rank 0 logs, prints and saves.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from gptlab import checkpoint
+from gptlab import checkpoint, distributed
 from gptlab.config import TrainConfig
 from gptlab.losses import LossFn, average_loss, to_device
 from gptlab.model import GPTModel
@@ -89,7 +93,7 @@ def resolve_device(name: str) -> torch.device:
     """The device for `train.device`: auto picks cuda, then mps, then cpu."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
+            return distributed.local_device(torch.device("cuda"))
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -99,7 +103,7 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError("train.device: mps was requested but MPS is not available; use auto or cpu")
     if name not in ("cpu", "cuda", "mps"):
         raise ValueError(f"train.device: expected auto, cpu, cuda or mps, got {name!r}")
-    return torch.device(name)
+    return distributed.local_device(torch.device(name))
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -140,6 +144,19 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
+def rank_order(order: list[int], batch_size: int, world: distributed.World) -> list[int]:
+    """This rank's share of an epoch order: every world.size-th batch, starting at batch world.rank.
+
+    All ranks get the same number of whole batches (the remainder is dropped);
+    with one process the order is returned as it is.
+    """
+    if world.size == 1:
+        return order
+    steps = len(order) // batch_size // world.size
+    batches = range(world.rank, steps * world.size, world.size)
+    return [i for b in batches for i in order[b * batch_size : (b + 1) * batch_size]]
+
+
 def fit(
     model: GPTModel,
     train_data: Dataset,
@@ -161,6 +178,11 @@ def fit(
     model)` runs after each epoch (1-based; also after a partial last epoch
     cut short by max_steps) with its own RNG, so it can sample freely without
     changing the training run; numbers it returns are logged to the tracker.
+
+    Under `torchrun` (WORLD_SIZE > 1) it trains data-parallel: each rank takes
+    its share of every epoch's batches, evaluation losses are averaged and
+    seen counts summed over ranks, and only rank 0 logs to `tracker`, prints,
+    saves checkpoints and calls `on_epoch_end`.
     """
     return _Trainer(model, train_data, val_data, cfg, loss_fn, Path(checkpoint_dir), collate_fn).run(
         count_seen, tracker, on_epoch_end
@@ -183,12 +205,21 @@ class _Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.collate_fn = collate_fn
         self.train_data = train_data
+        self.world = distributed.setup()
+        self.main = self.world.rank == 0
         self.device = resolve_device(cfg.device)
         self.model = model.to(self.device)
-        self.batches_per_epoch = len(train_data) // cfg.batch_size  # type: ignore[arg-type]
+        # Only the training step runs through DDP (it averages gradients); evaluation,
+        # checkpoints and callbacks use the plain model, whose weights DDP keeps identical.
+        self.ddp_model: nn.Module = model
+        if self.world.size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp_model = DistributedDataParallel(model, device_ids=ids)
+        self.batches_per_epoch = len(train_data) // cfg.batch_size // self.world.size  # type: ignore[arg-type]
         if self.batches_per_epoch == 0:
+            ranks = f" per process ({self.world.size} processes)" if self.world.size > 1 else ""
             raise ValueError(
-                f"the training data has {len(train_data)} examples, fewer than one batch of "  # type: ignore[arg-type]
+                f"the training data has {len(train_data)} examples, fewer than one batch{ranks} of "  # type: ignore[arg-type]
                 f"train.batch_size={cfg.batch_size}: lower the batch size or supply more data"
             )
         self.total_steps = cfg.epochs * self.batches_per_epoch
@@ -211,20 +242,30 @@ class _Trainer:
     ) -> TrainResult:
         cfg = self.cfg
         seen_name = _seen_metric(count_seen)
+        if not self.main:
+            tracker, on_epoch_end = None, None
         progress = self._resume()
         if progress is None:
             progress = _Progress()
-            _seed_everything(cfg.seed)
+            _seed_everything(cfg.seed + self.world.rank)  # other dropout masks on each rank
         elif tracker is not None:
             tracker.set_tags({"gptlab.resumed_from_step": progress.steps})
             tracker.log_history([_rename_seen(row, seen_name) for row in progress.history])
             _log_epochs(tracker, progress.epochs)
         resumed_steps, start_seen = progress.steps, progress.seen
-        bar = tqdm(total=self.total_steps, initial=progress.steps, unit="step", desc="train", file=sys.stderr)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=progress.steps,
+            unit="step",
+            desc="train",
+            file=sys.stderr,
+            disable=not self.main,
+        )
         started = time.perf_counter()
         self.model.train()
         while progress.steps < self.total_steps:
             order = epoch_order(len(self.train_data), cfg.seed, progress.epoch)  # type: ignore[arg-type]
+            order = rank_order(order, cfg.batch_size, self.world)
             loader = DataLoader(
                 self.train_data,
                 batch_size=cfg.batch_size,
@@ -238,16 +279,17 @@ class _Trainer:
                 lr = self._train_step(to_device(batch, self.device), step)
                 progress.steps += 1
                 progress.batch += 1
-                progress.seen += count_seen(batch)
+                progress.seen += distributed.all_sum(count_seen(batch))
                 bar.update(1)
                 if step % cfg.eval_freq == 0:
                     row = self._evaluate(step, progress, lr)
                     bar.set_postfix(train_loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}")
-                    tqdm.write(
-                        f"Ep {progress.epoch + 1} (Step {step:06d}): "
-                        f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
-                        file=sys.stderr,
-                    )
+                    if self.main:
+                        tqdm.write(
+                            f"Ep {progress.epoch + 1} (Step {step:06d}): "
+                            f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
+                            file=sys.stderr,
+                        )
                     if tracker is not None:
                         tracker.log_metrics(_rename_seen(row, seen_name, drop_step=True), step=step)
                 epoch_done = progress.batch == self.batches_per_epoch
@@ -284,8 +326,8 @@ class _Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            loss = self.loss_fn(self.model, batch)
-        value = loss.item()
+            loss = self.loss_fn(self.ddp_model, batch)
+        value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
         if not math.isfinite(value):
             newest = checkpoint.list_checkpoints(self.checkpoint_dir)
             kept = f"the last good checkpoint is {newest[-1]}" if newest else "no checkpoint was saved yet"
@@ -313,8 +355,10 @@ class _Trainer:
         row = {
             "step": step,
             "seen": progress.seen,
-            "train_loss": self._eval_loss(self.model, self.train_eval, self.cfg.eval_iter),
-            "val_loss": self._eval_loss(self.model, self.val_eval, self.cfg.eval_iter),
+            "train_loss": distributed.all_mean(
+                self._eval_loss(self.model, self.train_eval, self.cfg.eval_iter)
+            ),
+            "val_loss": distributed.all_mean(self._eval_loss(self.model, self.val_eval, self.cfg.eval_iter)),
             "lr": lr,
         }
         progress.history.append(row)
@@ -339,7 +383,11 @@ class _Trainer:
     # ------------------------------------------------------------------ #
 
     def _save(self, progress: _Progress) -> None:
-        """Checkpoint, read it back, check it, and only then drop older ones."""
+        """Checkpoint, read it back, check it, and only then drop older ones.
+
+        Under torchrun rank 0 writes it, with every rank's RNG state, while the others wait.
+        """
+        rank_rngs = distributed.gather(_rng_state()) if self.world.size > 1 else None
         with _forked_rng(self.device):  # nothing here may shift the training RNG
             probe_loss = self._probe_loss(self.model)
             if not math.isfinite(probe_loss):
@@ -347,6 +395,9 @@ class _Trainer:
                     f"after step {progress.steps - 1} the model's loss is {probe_loss}: the weights "
                     "diverged; not saving them. Lower train.lr or set train.grad_clip, then rerun."
                 )
+            if not self.main:
+                distributed.barrier()
+                return
             state = {
                 "format": STATE_FORMAT,
                 "train_config": dataclasses.asdict(self.cfg),
@@ -355,6 +406,8 @@ class _Trainer:
                 "rng": _rng_state(),
                 "probe_loss": probe_loss,
             }
+            if rank_rngs is not None:
+                state.update(world_size=self.world.size, rank_rngs=rank_rngs)
             path = checkpoint.save_training_checkpoint(self.checkpoint_dir, progress.steps, self.model, state)
             try:
                 self._load_checked(path)
@@ -363,39 +416,53 @@ class _Trainer:
                     f"{path} does not read back as written ({exc}); is the disk full or failing?"
                 ) from exc
         checkpoint.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+        distributed.barrier()
 
     def _same_loss(self, a: float, b: float) -> bool:
         # Bit-identical on CPU; GPU kernels may pick other reduction orders between calls.
         return a == b if self.device.type == "cpu" else math.isclose(a, b, rel_tol=1e-5)
 
     def _resume(self) -> _Progress | None:
-        """Restore the newest checkpoint that loads and checks out; None to start afresh."""
+        """Restore the newest checkpoint that loads and checks out; None to start afresh.
+
+        Under torchrun rank 0 picks (and tidies) and the other ranks restore its pick.
+        """
+        if not self.main:
+            path = distributed.broadcast(None)
+            return None if path is None else self._restore(path)
         checkpoint.remove_partial_checkpoints(self.checkpoint_dir)
         refused: list[Path] = []
-        progress = None
+        progress, resumed_from = None, None
         for path in reversed(checkpoint.list_checkpoints(self.checkpoint_dir)):
             try:
-                progress = self._restore(path)
+                progress, resumed_from = self._restore(path), path
                 break
             except checkpoint.CheckpointError as exc:
                 print(f"warning: skipping checkpoint {path}: {exc}", file=sys.stderr)
                 refused.append(path)
         for path in refused:  # newer than the one resumed from, and unusable: out of the way
             shutil.rmtree(path)
+        if self.world.size > 1:
+            distributed.broadcast(resumed_from)
         return progress
 
     def _restore(self, path: Path) -> _Progress:
         weights, state = self._load_checked(path)
         if state["train_config"] != dataclasses.asdict(self.cfg):
             raise checkpoint.CheckpointError("it was made with different train settings")
+        if state.get("world_size", 1) != self.world.size:  # the ranks' data shares would differ
+            raise checkpoint.CheckpointError(
+                f"it was made by {state.get('world_size', 1)} processes, this run has {self.world.size}"
+            )
         try:  # checks the parameter groups before changing anything
             self.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as exc:
             raise checkpoint.CheckpointError(f"its optimizer state does not fit ({exc})") from exc
         self.model.load_state_dict(weights)  # cannot fail: _load_checked built this model from them
-        _set_rng_state(state["rng"])
+        _set_rng_state(state["rank_rngs"][self.world.rank] if "rank_rngs" in state else state["rng"])
         progress = _Progress(**state["progress"])
-        print(f"resuming from {path} (step {progress.steps} of {self.total_steps})", file=sys.stderr)
+        if self.main:
+            print(f"resuming from {path} (step {progress.steps} of {self.total_steps})", file=sys.stderr)
         return progress
 
     def _load_checked(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

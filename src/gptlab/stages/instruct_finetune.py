@@ -28,6 +28,7 @@ import torch
 from gptlab.checkpoint import atomic_path, load_model, read_config, run_dir, save_model
 from gptlab.config import InstructConfig, Params, flatten
 from gptlab.datasets.instruct import SPLITS, InstructionDataset, instruction_collate, load_split, split_path
+from gptlab.distributed import is_main
 from gptlab.judge import check_judge, judge_all, summarize
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
@@ -67,6 +68,19 @@ def run(params: Params) -> None:
     training = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens")}
     inputs = [base_dir, *(split_path(processed_dir, split) for split in SPLITS)]
     checkpoint_dir = run_dir(STAGE, training, inputs)
+    if not is_main():  # another torchrun process: it only trains, rank 0 logs and writes the outputs
+        torch.manual_seed(cfg.train.seed)
+        model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
+        fit(
+            model,
+            datasets["train"],
+            datasets["val"],
+            cfg=cfg.train,
+            loss_fn=next_token_loss,
+            checkpoint_dir=checkpoint_dir,
+            collate_fn=collate,
+        )
+        return
 
     with stage_run(STAGE, params.tracking.experiment, flatten(cfg, "instruct")) as tracker:
         torch.manual_seed(cfg.train.seed)

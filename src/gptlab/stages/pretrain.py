@@ -5,6 +5,7 @@ the model to models/pretrain/ (its config and final metrics travel with it),
 reports/pretrain/metrics.json (DVC metrics), reports/pretrain/losses.csv (a DVC
 plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
 printed after each epoch. Interrupted runs resume from .gptlab/runs/pretrain/.
+Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and writes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 from gptlab.checkpoint import atomic_path, finish_run, run_dir, save_model
 from gptlab.config import Params, TrainConfig, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
+from gptlab.distributed import is_main
 from gptlab.generate import generate_text
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
@@ -63,6 +65,16 @@ def run(params: Params) -> None:
     # The book's order: seed, then build the model, so its initial weights are the book's.
     torch.manual_seed(cfg.train.seed)
     model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
+    if not is_main():  # another torchrun process: it only trains, rank 0 logs and writes the outputs
+        fit(
+            model,
+            data["train"],
+            data["val"],
+            cfg=cfg.train,
+            loss_fn=next_token_loss,
+            checkpoint_dir=checkpoint_dir,
+        )
+        return
 
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")}
     with stage_run(STAGE, params.tracking.experiment, logged) as tracker:

@@ -32,6 +32,7 @@ from gptlab.classifier import (
 )
 from gptlab.config import Params, flatten
 from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
+from gptlab.distributed import is_main
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.reports import write_json
 from gptlab.tracking import StageRun, stage_run
@@ -73,6 +74,11 @@ def run(params: Params) -> None:
 
     def eval_accuracy(split: str, trained: nn.Module) -> float:
         return accuracy(trained, loaders[split], cfg.pooling, num_batches=cfg.train.eval_iter)
+
+    if not is_main():  # another torchrun process: it only trains, rank 0 logs and writes the outputs
+        loss_fn = classification_loss(cfg.pooling)
+        fit(model, data["train"], data["val"], cfg=cfg.train, loss_fn=loss_fn, checkpoint_dir=checkpoint_dir)
+        return
 
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
     with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
