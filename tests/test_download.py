@@ -285,7 +285,7 @@ def test_stage_script_exits_nonzero_on_a_tampered_mirror(
         text=True,
         timeout=120,
     )
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert "error: could not fetch" in result.stderr and sha256_file(tampered) in result.stderr
     fetched = _files(project / "inputs" / "raw")
     assert "instruction-data.json" not in fetched

@@ -240,7 +240,7 @@ def test_unreachable_judge_fails_before_training(
         run(load_params())
     with pytest.raises(SystemExit) as exit_info:
         stage_main(run, "instruct-finetune", ["--params", "params.yaml"])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert url in err and "instruct.judge.enabled: false" in err
     assert not (tmp_path / "models").exists()

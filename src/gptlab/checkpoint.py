@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptlab.config import ConfigError, ModelConfig
+from gptlab.errors import InputError
 from gptlab.model import GPTModel
 
 WEIGHTS_FILE = "model.safetensors"
@@ -46,7 +47,7 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A training checkpoint that is incomplete, corrupted or does not fit the run."""
 
 
@@ -90,7 +91,7 @@ def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
         payload = json.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.from_dict(payload["model"]), dict(payload.get("metadata", {}))
     except (json.JSONDecodeError, KeyError, ConfigError) as exc:
-        raise ValueError(f"{path}: not a valid gptlab checkpoint config ({exc})") from exc
+        raise InputError(f"{path}: not a valid gptlab checkpoint config ({exc})") from exc
 
 
 def load_model(
@@ -110,11 +111,11 @@ def load_model(
     try:
         state = load_file(str(weights), device=str(device))
     except (SafetensorError, OSError) as exc:
-        raise ValueError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
+        raise InputError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
     model = GPTModel(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"{weights} does not match its config: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )

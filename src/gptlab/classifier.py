@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gptlab.datasets.spam import LABELS, encode_texts, pad_ids
+from gptlab.errors import InputError
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 
@@ -48,10 +49,10 @@ def make_classifier(
     classifier is rebuilt with its head by `checkpoint.load_model`.
     """
     if trainable not in ("head", "last_blocks", "all"):
-        raise ValueError(f"spam.trainable: expected head, last_blocks or all, got {trainable!r}")
+        raise InputError(f"spam.trainable: expected head, last_blocks or all, got {trainable!r}")
     n_layers = len(model.trf_blocks)
     if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
-        raise ValueError(
+        raise InputError(
             f"spam.trainable_blocks: expected 1 to {n_layers} (the base model's blocks), got {trainable_blocks}"
         )
     weight = model.final_norm.scale
@@ -102,7 +103,7 @@ def classification_loss(pooling: Pooling) -> LossFn:
         "mean": mean_pooled_classification_loss,
     }
     if pooling not in losses:
-        raise ValueError(f"spam.pooling: expected last or mean, got {pooling!r}")
+        raise InputError(f"spam.pooling: expected last or mean, got {pooling!r}")
     return losses[pooling]
 
 

@@ -11,6 +11,10 @@ import argparse
 import importlib
 import sys
 
+import yaml
+
+from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("gptlab.commands.export", "write a checkpoint as a Hugging Face GPT-2 folder"),
@@ -38,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        print(f"gptlab {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug
+        print(f"gptlab {args.command}: {describe_failure(exc)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -19,12 +19,14 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from gptlab.errors import InputError
+
 T = TypeVar("T")
 
 PARAMS_FILE = Path("params.yaml")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A params.yaml value that cannot be used; the message names the key."""
 
 

@@ -25,6 +25,8 @@ from typing import BinaryIO, Literal
 
 from tqdm import tqdm
 
+from gptlab.errors import GptlabError, InputError
+
 MIRROR_ENV = "GPTLAB_MIRROR"
 _CHUNK = 1 << 20
 # Seconds a stalled connection may stay silent before the download fails.
@@ -34,7 +36,7 @@ _USER_AGENT = "gptlab (urllib)"
 Origin = Literal["present", "mirror", "url"]
 
 
-class FetchError(RuntimeError):
+class FetchError(GptlabError):
     """A pinned file that could not be obtained or did not verify; the message says how to supply it."""
 
 
@@ -68,7 +70,7 @@ def safe_relative_path(name: str, what: str) -> PurePosixPath:
         or PureWindowsPath(name).drive
         or any(part in ("..", "") for part in posix.parts)
     ):
-        raise ValueError(
+        raise InputError(
             f"{what} {name!r}: expected a relative path without '..' that stays inside its folder"
         )
     return posix

@@ -13,6 +13,7 @@ import tiktoken
 import torch
 
 from gptlab.config import SampleConfig
+from gptlab.errors import InputError
 from gptlab.model import GPTModel, KVCache
 from gptlab.tokenizer import text_to_token_ids, token_ids_to_text
 
@@ -121,16 +122,16 @@ def _check_arguments(
     top_p: float | None,
 ) -> None:
     if model.cfg.num_classes is not None:
-        raise ValueError("generate needs a language-model head; this model has a classification head")
+        raise InputError("generate needs a language-model head; this model has a classification head")
     if idx.ndim != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
-        raise ValueError(
+        raise InputError(
             f"idx: expected a non-empty (batch, tokens) LongTensor, got {idx.dtype} {tuple(idx.shape)}"
         )
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: expected 0 or more, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens: expected 0 or more, got {max_new_tokens}")
     if temperature < 0.0:
-        raise ValueError(f"temperature: expected 0 (greedy) or a positive float, got {temperature}")
+        raise InputError(f"temperature: expected 0 (greedy) or a positive float, got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k: expected a positive integer or None, got {top_k}")
+        raise InputError(f"top_k: expected a positive integer or None, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p: expected a value in (0, 1] or None, got {top_p}")
+        raise InputError(f"top_p: expected a value in (0, 1] or None, got {top_p}")

@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, atomic_path, load_model, read_config
 from gptlab.config import ConfigError, ModelConfig
+from gptlab.errors import InputError
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 
@@ -110,7 +111,7 @@ def expected_hf_shapes(cfg: ModelConfig, *, untied_head: bool = False) -> dict[s
 def check_language_model(cfg: ModelConfig) -> None:
     """Refuse classifiers: GPT-2's layout has a language-model head only."""
     if cfg.num_classes is not None:
-        raise ValueError(
+        raise InputError(
             f"a classifier (num_classes={cfg.num_classes}) has no GPT-2 language-model head; "
             "only language models convert to and from Hugging Face's GPT-2"
         )
@@ -137,7 +138,7 @@ def normalise_keys(hf_state: Mapping[str, torch.Tensor], source: str) -> dict[st
         if IGNORED.fullmatch(name):
             continue
         if name in state:
-            raise ValueError(f"{source}: tensor {name} appears both with and without the {PREFIX!r} prefix")
+            raise InputError(f"{source}: tensor {name} appears both with and without the {PREFIX!r} prefix")
         state[name] = tensor
     return state
 
@@ -148,14 +149,14 @@ def check_tensors(
     """Every expected tensor present with its exact shape, and nothing else; errors name the tensor."""
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{source}: missing tensor {missing[0]}"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + "; is this a GPT-2 weights file of the expected size?"
         )
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
-        raise ValueError(
+        raise InputError(
             f"{source}: unexpected tensor {unexpected[0]}"
             + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
             + "; is this a GPT-2 language model of the expected size?"
@@ -163,9 +164,9 @@ def check_tensors(
     for name, shape in expected.items():
         actual = tuple(state[name].shape)
         if actual != tuple(shape):
-            raise ValueError(f"{source}: tensor {name} has shape {list(actual)}, expected {list(shape)}")
+            raise InputError(f"{source}: tensor {name} has shape {list(actual)}, expected {list(shape)}")
         if not state[name].is_floating_point():
-            raise ValueError(
+            raise InputError(
                 f"{source}: tensor {name} has dtype {state[name].dtype}, expected floating point"
             )
 
@@ -228,15 +229,15 @@ def config_from_hf_state(
     state = normalise_keys(hf_state, source)
     for name in ("wte.weight", "wpe.weight"):
         if name not in state:
-            raise ValueError(f"{source}: missing tensor {name}; is this a GPT-2 weights file?")
+            raise InputError(f"{source}: missing tensor {name}; is this a GPT-2 weights file?")
     vocab_size, emb_dim = state["wte.weight"].shape
     context_length = state["wpe.weight"].shape[0]
     blocks = {int(m.group(1)) for key in state if (m := re.match(r"h\.(\d+)\.", key))}
     if not blocks:
-        raise ValueError(f"{source}: no transformer blocks (h.N.*) found; is this a GPT-2 weights file?")
+        raise InputError(f"{source}: no transformer blocks (h.N.*) found; is this a GPT-2 weights file?")
     if n_heads is None:
         if emb_dim % GPT2_HEAD_DIM:
-            raise ValueError(
+            raise InputError(
                 f"{source}: embedding size {emb_dim} is not a multiple of GPT-2's head size {GPT2_HEAD_DIM}; "
                 "give the number of heads explicitly"
             )
@@ -259,7 +260,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable safetensors file, corrupted or truncated ({exc})") from exc
+        raise InputError(f"{path}: not a readable safetensors file, corrupted or truncated ({exc})") from exc
 
 
 def load_hf_weights(path: Path | str, *, n_heads: int | None = None) -> GPTModel:
@@ -281,7 +282,7 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> t
         return hf_config.get(key, default)
 
     if value("model_type", None) != "gpt2":
-        raise ValueError(f"{source}: model_type {value('model_type', None)!r} is not 'gpt2'")
+        raise InputError(f"{source}: model_type {value('model_type', None)!r} is not 'gpt2'")
     emb_dim = value("n_embd", 768)
     unsupported = {
         "activation_function": (value("activation_function", "gelu_new"), {"gelu_new", "gelu_pytorch_tanh"}),
@@ -292,7 +293,7 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = CONFIG_FILE) -> t
     }
     for key, (actual, allowed) in unsupported.items():
         if actual not in allowed:
-            raise ValueError(
+            raise InputError(
                 f"{source}: {key}={actual!r} is not supported by GPTModel (expected one of {allowed})"
             )
     cfg = ModelConfig(
@@ -316,7 +317,7 @@ def load_hf_folder(directory: Path | str) -> GPTModel:
     try:
         hf_config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+        raise InputError(f"{config_path}: not valid JSON ({exc})") from exc
     cfg, tied = config_from_hf(hf_config, str(config_path))
     weights = directory / WEIGHTS_FILE
     return model_from_hf_state(read_safetensors(weights), cfg, tie_head=tied, source=str(weights))

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from gptlab.config import JudgeConfig
 from gptlab.datasets.instruct import format_input
+from gptlab.errors import InputError
 
 # The book's options, for reproducible judging: fixed seed, greedy, 2048-token context.
 SEED = 123
@@ -42,7 +43,7 @@ _DISABLE_HINT = "set instruct.judge.enabled: false in params.yaml to run without
 _NUMBER = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?")
 
 
-class JudgeError(ValueError):
+class JudgeError(InputError):
     """The judge endpoint cannot be used as configured; the message names the URL and the fix."""
 
 
@@ -104,9 +105,9 @@ def query(cfg: JudgeConfig, prompt: str) -> str:
             data["message"]["content"] if cfg.api == "ollama" else data["choices"][0]["message"]["content"]
         )
     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise ValueError(f"not an {cfg.api!r} chat response: {body[:200]!r}") from exc
+        raise InputError(f"not an {cfg.api!r} chat response: {body[:200]!r}") from exc
     if not isinstance(content, str):
-        raise ValueError(f"not an {cfg.api!r} chat response: message content is {content!r}")
+        raise InputError(f"not an {cfg.api!r} chat response: message content is {content!r}")
     return content
 
 

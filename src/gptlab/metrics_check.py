@@ -19,6 +19,7 @@ import yaml
 
 from gptlab.checkpoint import atomic_path
 from gptlab.config import ConfigError, build
+from gptlab.errors import InputError
 
 DEFAULT_BASELINE = Path("baselines/smoke.yaml")
 
@@ -119,7 +120,7 @@ def update_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
     rows = compare(baseline, reports_dir)
     missing = [f"{r.file}:{r.metric}" for r in rows if r.status == "missing"]
     if missing:
-        raise ValueError(f"cannot update the baseline: no current value for {', '.join(missing)}")
+        raise InputError(f"cannot update the baseline: no current value for {', '.join(missing)}")
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     for row in rows:
         data["metrics"][row.file][row.metric]["baseline"] = round(float(row.current), 6)  # type: ignore[arg-type]

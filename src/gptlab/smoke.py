@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gptlab.config import ConfigError, Params, build
+from gptlab.errors import GptlabError
 from gptlab.paths import REPORTS
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
@@ -72,7 +73,7 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
     sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
     result = subprocess.run(["dvc", "exp", "run", "--name", profile.stem, *sets], cwd=workdir, env=env)
     if result.returncode:
-        raise RuntimeError(
+        raise GptlabError(
             f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
         )
     return workdir / REPORTS

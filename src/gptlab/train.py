@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from gptlab import checkpoint, distributed
 from gptlab.config import TrainConfig
+from gptlab.errors import InputError
 from gptlab.losses import LossFn, average_loss, to_device
 from gptlab.model import GPTModel
 from gptlab.tracking import StageRun
@@ -98,11 +99,11 @@ def resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device: cuda was requested but no CUDA device is available; use auto or cpu")
+        raise InputError("train.device: cuda was requested but no CUDA device is available; use auto or cpu")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("train.device: mps was requested but MPS is not available; use auto or cpu")
+        raise InputError("train.device: mps was requested but MPS is not available; use auto or cpu")
     if name not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"train.device: expected auto, cpu, cuda or mps, got {name!r}")
+        raise InputError(f"train.device: expected auto, cpu, cuda or mps, got {name!r}")
     return distributed.local_device(torch.device(name))
 
 
@@ -218,7 +219,7 @@ class _Trainer:
         self.batches_per_epoch = len(train_data) // cfg.batch_size // self.world.size  # type: ignore[arg-type]
         if self.batches_per_epoch == 0:
             ranks = f" per process ({self.world.size} processes)" if self.world.size > 1 else ""
-            raise ValueError(
+            raise InputError(
                 f"the training data has {len(train_data)} examples, fewer than one batch{ranks} of "  # type: ignore[arg-type]
                 f"train.batch_size={cfg.batch_size}: lower the batch size or supply more data"
             )
@@ -227,7 +228,7 @@ class _Trainer:
             self.total_steps = min(self.total_steps, cfg.max_steps)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if not trainable:
-            raise ValueError("the model has no parameters with requires_grad=True: nothing to train")
+            raise InputError("the model has no parameters with requires_grad=True: nothing to train")
         self.optimizer = _adamw(trainable, cfg)
         self.train_eval = ordered_loader(train_data, cfg.batch_size, collate_fn)
         self.val_eval = ordered_loader(val_data, cfg.batch_size, collate_fn)

@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from gptlab.errors import InputError
+
 # The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
 
 
@@ -61,16 +63,16 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if not args.instruction.strip():
-        raise ValueError("the instruction is empty: say what the model should do")
+        raise InputError("the instruction is empty: say what the model should do")
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
-        raise ValueError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+        raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
     # params.yaml fills in what the command line leaves out (so it runs from the project root).
     params = load_params() if args.raw_dir is None or args.max_new_tokens is None else None
     raw_dir = args.raw_dir or Path(params.data.raw_dir)
     max_new_tokens = args.max_new_tokens or params.instruct.max_new_tokens
     model, _ = load_model(model_dir, resolve_device(args.device))
     if model.cfg.num_classes is not None:
-        raise ValueError(
+        raise InputError(
             f"{model_dir} is a classifier, not a language model: point --model at models/instruct"
         )
     entry = {"instruction": args.instruction, "input": args.input, "output": ""}

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from gptlab.errors import InputError
+
 # The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
 
 
@@ -61,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.batch_size <= 0:
-        raise ValueError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+        raise InputError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     texts = _read_texts(args.texts, args.file)
     model, metadata = load_model(model_dir, resolve_device(args.device))
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
     if model.cfg.num_classes is None or missing:
-        raise ValueError(
+        raise InputError(
             f"{model_dir} is not a spam-finetune classifier (no class head, or its metadata lacks "
             f"{missing}): run `dvc repro spam-finetune`, or point --model at its output"
         )
@@ -103,8 +105,8 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
             lines = path.read_text(encoding="utf-8").splitlines()
         messages += [line for line in lines if line.strip()]
     if not messages:
-        raise ValueError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
+        raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
     empty = [i for i, text in enumerate(messages) if not text.strip()]
     if empty:
-        raise ValueError(f"message {empty[0] + 1} is empty: give some text to classify")
+        raise InputError(f"message {empty[0] + 1} is empty: give some text to classify")
     return messages

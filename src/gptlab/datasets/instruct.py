@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gptlab.checkpoint import atomic_path
+from gptlab.errors import InputError
 from gptlab.tokenizer import END_OF_TEXT_ID
 
 SUBDIR = "instruct"
@@ -43,11 +44,11 @@ def format_prompt(entry: dict[str, str]) -> str:
 def validate_records(records: Any, source: Path | str) -> list[dict[str, str]]:
     """The records as {instruction, input, output} string dicts; a ValueError names the first bad one."""
     if not isinstance(records, list):
-        raise ValueError(f"{source}: expected a JSON list of records, got {type(records).__name__}")
+        raise InputError(f"{source}: expected a JSON list of records, got {type(records).__name__}")
     clean = []
     for i, record in enumerate(records):
         if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in FIELDS):
-            raise ValueError(
+            raise InputError(
                 f"{source}: record {i} must have string fields {list(FIELDS)}, got {record!r:.200}"
             )
         clean.append({f: record[f] for f in FIELDS})
@@ -61,7 +62,7 @@ def read_records(path: Path | str) -> list[dict[str, str]]:
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        raise InputError(f"{path}: not valid JSON ({exc})") from exc
     return validate_records(records, path)
 
 
@@ -73,12 +74,12 @@ def split_records(
     `max_records` keeps only the first records of each split, for smoke runs.
     """
     if not (train_frac > 0 and test_frac >= 0 and train_frac + test_frac < 1):
-        raise ValueError(
+        raise InputError(
             f"tokenize.instruct: train_frac={train_frac} and test_frac={test_frac} must be positive and "
             "sum to less than 1 (the rest is the validation split)"
         )
     if max_records is not None and max_records <= 0:
-        raise ValueError(
+        raise InputError(
             f"tokenize.instruct.max_records: expected a positive integer or null, got {max_records}"
         )
     train_end = int(len(records) * train_frac)
@@ -93,7 +94,7 @@ def split_records(
 
 def split_path(processed_dir: Path | str, split: str) -> Path:
     if split not in SPLITS:
-        raise ValueError(f"unknown instruction split {split!r}; choose one of {list(SPLITS)}")
+        raise InputError(f"unknown instruction split {split!r}; choose one of {list(SPLITS)}")
     return Path(processed_dir) / SUBDIR / f"{split}.json"
 
 

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gptlab.checkpoint import atomic_path
+from gptlab.errors import InputError
 from gptlab.tokenizer import END_OF_TEXT_ID
 
 SUBDIR = "spam"
@@ -46,10 +47,10 @@ def read_collection(path: Path | str) -> pd.DataFrame:
     df = pd.read_csv(path, sep="\t", header=None, names=["Label", "Text"])
     unknown = sorted(set(df["Label"]) - set(LABELS))
     if unknown:
-        raise ValueError(f"{path}: unexpected labels {unknown[:5]}; expected only {sorted(LABELS)}")
+        raise InputError(f"{path}: unexpected labels {unknown[:5]}; expected only {sorted(LABELS)}")
     if df["Text"].isna().any():
         row = int(df.index[df["Text"].isna()][0])
-        raise ValueError(f"{path}: row {row} has no message text")
+        raise InputError(f"{path}: row {row} has no message text")
     return df
 
 
@@ -61,12 +62,12 @@ def balance_and_split(
     `max_rows` keeps only the first rows of each split, for smoke runs.
     """
     if not (train_frac > 0 and val_frac >= 0 and train_frac + val_frac < 1):
-        raise ValueError(
+        raise InputError(
             f"tokenize.spam: train_frac={train_frac} and val_frac={val_frac} must be positive and "
             "sum to less than 1 (the rest is the test split)"
         )
     if max_rows is not None and max_rows <= 0:
-        raise ValueError(f"tokenize.spam.max_rows: expected a positive integer or null, got {max_rows}")
+        raise InputError(f"tokenize.spam.max_rows: expected a positive integer or null, got {max_rows}")
     spam = df[df["Label"] == "spam"]
     ham_subset = df[df["Label"] == "ham"].sample(len(spam), random_state=seed)
     balanced = pd.concat([ham_subset, spam])
@@ -97,7 +98,7 @@ def pad_ids(encoded: list[list[int]], max_length: int, pad_token_id: int = END_O
 def split_paths(processed_dir: Path | str, split: str) -> tuple[Path, Path]:
     """(csv, npy) paths of one split."""
     if split not in SPLITS:
-        raise ValueError(f"unknown spam split {split!r}; choose one of {list(SPLITS)}")
+        raise InputError(f"unknown spam split {split!r}; choose one of {list(SPLITS)}")
     base = Path(processed_dir) / SUBDIR
     return base / f"{split}.csv", base / f"{split}.npy"
 
@@ -131,7 +132,7 @@ class SpamDataset(Dataset):
         frame = read_split_csv(csv_path)
         ids = np.load(npy_path, allow_pickle=False)
         if ids.ndim != 2 or len(ids) != len(frame):
-            raise ValueError(
+            raise InputError(
                 f"{npy_path} holds shape {ids.shape} but {csv_path} has {len(frame)} rows: "
                 "rerun `dvc repro tokenize`"
             )
@@ -163,7 +164,7 @@ def prepare(
     splits = balance_and_split(raw, seed=seed, train_frac=train_frac, val_frac=val_frac, max_rows=max_rows)
     encoded = {name: encode_texts(frame["text"].tolist(), tokenizer) for name, frame in splits.items()}
     if not encoded["train"]:
-        raise ValueError(
+        raise InputError(
             f"tokenize.spam: train_frac={train_frac} leaves no training rows to size the padding by"
         )
     max_length = max(len(ids) for ids in encoded["train"])

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gptlab.checkpoint import atomic_path
+from gptlab.errors import InputError
 from gptlab.tokenizer import END_OF_TEXT
 
 SUBDIR = "verdict"
@@ -21,7 +22,7 @@ SPLITS = ("train", "val")
 def split_text(text: str, train_ratio: float) -> tuple[str, str]:
     """Split by characters as chapter 5 does: the first `train_ratio` of the text trains."""
     if not 0.0 < train_ratio < 1.0:
-        raise ValueError(f"tokenize.verdict.train_ratio: expected a value in (0, 1), got {train_ratio}")
+        raise InputError(f"tokenize.verdict.train_ratio: expected a value in (0, 1), got {train_ratio}")
     split_idx = int(train_ratio * len(text))
     return text[:split_idx], text[split_idx:]
 
@@ -33,7 +34,7 @@ def encode(text: str, tokenizer: tiktoken.Encoding) -> np.ndarray:
 
 def split_path(processed_dir: Path | str, split: str) -> Path:
     if split not in SPLITS:
-        raise ValueError(f"unknown Verdict split {split!r}; choose one of {list(SPLITS)}")
+        raise InputError(f"unknown Verdict split {split!r}; choose one of {list(SPLITS)}")
     return Path(processed_dir) / SUBDIR / f"{split}.npy"
 
 
@@ -62,12 +63,12 @@ class GPTDatasetV1(Dataset):
 
     def __init__(self, token_ids: Sequence[int] | np.ndarray, max_length: int, stride: int) -> None:
         if max_length <= 0 or stride <= 0:
-            raise ValueError(f"max_length and stride must be positive, got {max_length} and {stride}")
+            raise InputError(f"max_length and stride must be positive, got {max_length} and {stride}")
         self.token_ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
         if self.token_ids.ndim != 1:
-            raise ValueError(f"token_ids: expected a flat sequence, got shape {tuple(self.token_ids.shape)}")
+            raise InputError(f"token_ids: expected a flat sequence, got shape {tuple(self.token_ids.shape)}")
         if len(self.token_ids) <= max_length:
-            raise ValueError(
+            raise InputError(
                 f"{len(self.token_ids)} tokens cannot fill one window of max_length={max_length} "
                 "plus its shifted target: use a smaller max_length (or more text)"
             )

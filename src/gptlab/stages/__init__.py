@@ -12,8 +12,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gptlab.config import PARAMS_FILE, ConfigError, Params, load_params
-from gptlab.fetch import FetchError
+import yaml
+
+from gptlab.config import PARAMS_FILE, Params, load_params
+from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
 
 
 def stage_main(run: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
@@ -27,6 +29,6 @@ def stage_main(run: Callable[[Params], object], description: str, argv: list[str
     args = parser.parse_args(argv)
     try:
         run(load_params(args.params))
-    except (ConfigError, FetchError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug
+        print(f"error: {describe_failure(exc)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)

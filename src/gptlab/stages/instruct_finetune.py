@@ -29,6 +29,7 @@ from gptlab.checkpoint import atomic_path, load_model, read_config, run_dir, sav
 from gptlab.config import InstructConfig, Params, flatten
 from gptlab.datasets.instruct import SPLITS, InstructionDataset, instruction_collate, load_split, split_path
 from gptlab.distributed import is_main
+from gptlab.errors import InputError
 from gptlab.judge import check_judge, judge_all, summarize
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
@@ -53,7 +54,7 @@ def run(params: Params) -> None:
         check_judge(cfg.judge)
     base_cfg, base_metadata = read_config(base_dir)
     if base_cfg.num_classes is not None:
-        raise ValueError(f"{base_dir} is a classifier; instruct.base_model must name a GPT-2 language model")
+        raise InputError(f"{base_dir} is a classifier; instruct.base_model must name a GPT-2 language model")
     splits = {split: load_split(processed_dir, split) for split in SPLITS}
     tokenizer = gpt2_tokenizer(
         raw_dir / params.data.sources.gpt2_vocab_bpe.path,

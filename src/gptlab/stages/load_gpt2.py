@@ -29,6 +29,7 @@ from tqdm import tqdm
 from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
 from gptlab.config import ConfigError, HFWeights, Params, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.errors import InputError
 from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
 from gptlab.generate import generate_text
 from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
@@ -99,7 +100,7 @@ def verdict_losses(model: GPTModel, params: Params, desc: str) -> dict[str, floa
     """Loss and perplexity on The Verdict's splits, in order, every window (the eval stage's names)."""
     data = params.pretrain.data
     if data.max_length > model.cfg.context_length:
-        raise ValueError(
+        raise InputError(
             f"pretrain.data.max_length={data.max_length} exceeds the context length "
             f"{model.cfg.context_length} of {desc}; lower it"
         )

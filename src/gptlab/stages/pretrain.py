@@ -24,6 +24,7 @@ from gptlab.checkpoint import atomic_path, finish_run, run_dir, save_model
 from gptlab.config import Params, TrainConfig, flatten
 from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
 from gptlab.distributed import is_main
+from gptlab.errors import InputError
 from gptlab.generate import generate_text
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
@@ -45,7 +46,7 @@ def run(params: Params) -> None:
     raw_dir = Path(params.data.raw_dir)
     model_cfg = cfg.model.resolve()
     if cfg.data.max_length > model_cfg.context_length:
-        raise ValueError(
+        raise InputError(
             f"pretrain.data.max_length={cfg.data.max_length} exceeds pretrain.model.context_length="
             f"{model_cfg.context_length}: the model cannot read windows that long"
         )

@@ -33,6 +33,7 @@ from gptlab.classifier import (
 from gptlab.config import Params, flatten
 from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
 from gptlab.distributed import is_main
+from gptlab.errors import InputError
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.reports import write_json
 from gptlab.tracking import StageRun, stage_run
@@ -49,7 +50,7 @@ def run(params: Params) -> None:
     device = resolve_device(cfg.train.device)
     model, base_metadata = load_model(base_dir, device, drop_rate=cfg.drop_rate)
     if model.cfg.num_classes is not None:
-        raise ValueError(
+        raise InputError(
             f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
         )
     model = make_classifier(
@@ -62,7 +63,7 @@ def run(params: Params) -> None:
     data = {split: SpamDataset(processed_dir, split) for split in SPLITS}
     max_length = data["train"].max_length
     if max_length > model.cfg.context_length:
-        raise ValueError(
+        raise InputError(
             f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
             f"{model.cfg.context_length}: use a base model with a longer context"
         )
