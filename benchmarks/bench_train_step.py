@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from gptlab.config import ModelConfig
+from gptlab.architecture import ModelConfig
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
 

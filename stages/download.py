@@ -1,10 +1,51 @@
-"""Fetch every external input params.yaml pins (data.sources) into data.raw_dir, verified by sha256.
+"""Stage `download`: every external input params.yaml pins, verified, into data.raw_dir.
 
-Offline: set GPTLAB_MIRROR to a folder laid out like ../shared/data.
+Each file comes from data.raw_dir if already there with the right hash, else
+from the mirror folder named by GPTLAB_MIRROR, else from its URL.
 """
 
-from gptlab.stages import stage_main
-from gptlab.stages.download import run
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from gptlab.config import Params, SourceFile
+from gptlab.fetch import fetch, mirror_dir, safe_relative_path
+from gptlab.stage import stage_main
+from gptlab.tracking import stage_run
+from gptlab.typed_config import flatten
+
+
+def run(params: Params) -> None:
+    raw_dir = Path(params.data.raw_dir)
+    mirror = mirror_dir()
+    sources: dict[str, SourceFile] = {
+        field.name: getattr(params.data.sources, field.name)
+        for field in dataclasses.fields(params.data.sources)
+    }
+    # Refuse a bad path in params before anything is fetched.
+    paths = {name: safe_relative_path(src.path, f"data.sources.{name}.path") for name, src in sources.items()}
+    with stage_run("download", params.tracking.experiment, flatten(params.data, "data")) as tracker:
+        manifest = {}
+        for name, src in sources.items():
+            got = fetch(
+                raw_dir / paths[name],
+                url=src.url,
+                sha256=src.sha256,
+                mirror_file=mirror / paths[name] if mirror is not None else None,
+                member=src.member,
+            )
+            manifest[name] = {
+                "path": str(got.path),
+                "origin": got.origin,
+                "bytes": got.size,
+                "sha256": src.sha256,
+            }
+            print(f"{name}: {got.path} ({got.size:,} bytes, {got.origin})")
+        tracker.log_metrics({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
+        tracker.set_tags({f"origin.{name}": entry["origin"] for name, entry in manifest.items()})
+        tracker.log_dict(manifest, "download/manifest.json")
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

@@ -1,7 +1,71 @@
-"""Stage `eval`: loss, perplexity and samples of the pretrained model (chapter 5)."""
+"""Stage `eval`: the pretrained model's loss, perplexity and samples (end of chapter 5).
 
-from gptlab.stages import stage_main
-from gptlab.stages.eval import run
+Rebuilds the model from models/pretrain/ alone (its own config, not the
+pretrain params), scores every window of The Verdict's train and validation
+splits (windows and stride = the model's context length), and generates the
+samples of params `eval.samples`. Writes reports/eval/metrics.json and
+reports/eval/samples.json; the MLflow run logs train_loss, val_loss,
+train_perplexity and val_perplexity, the names load-gpt2 uses for OpenAI's
+model, so the two sit side by side in the UI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gptlab.checkpoint import load_model
+from gptlab.config import Params
+from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.files import write_json
+from gptlab.generate import generate_text
+from gptlab.losses import dataset_loss, perplexity
+from gptlab.paths import PRETRAIN_MODEL, REPORTS
+from gptlab.runtime import resolve_device
+from gptlab.stage import stage_main
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import stage_run
+from gptlab.typed_config import flatten
+
+STAGE = "eval"
+REPORT_DIR = REPORTS / "eval"
+SPLITS = ("train", "val")
+
+
+def run(params: Params) -> None:
+    cfg = params.eval
+    processed_dir = Path(params.data.processed_dir)
+    raw_dir = Path(params.data.raw_dir)
+    model, _ = load_model(PRETRAIN_MODEL, resolve_device("auto"))
+    context = model.cfg.context_length
+    tokenizer = gpt2_tokenizer(
+        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+        raw_dir / params.data.sources.gpt2_encoder_json.path,
+    )
+    data = {split: GPTDatasetV1(load_split(processed_dir, split), context, context) for split in SPLITS}
+    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}
+    with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
+        tracker.set_tags({"gptlab.checkpoint": PRETRAIN_MODEL.as_posix()})
+        metrics: dict[str, Any] = {}
+        for split, dataset in data.items():
+            loss = dataset_loss(model, dataset, cfg.batch_size)
+            metrics[f"{split}_loss"] = loss
+            metrics[f"{split}_perplexity"] = perplexity(loss)
+        samples = {
+            name: {**flatten(sample), "text": generate_text(model, tokenizer, sample)}
+            for name, sample in cfg.samples.items()
+        }
+        for name, sample in samples.items():
+            print(f"{name}: {sample['text']!r}")
+        write_json(REPORT_DIR / "metrics.json", metrics)
+        write_json(REPORT_DIR / "samples.json", samples)
+        tracker.log_metrics(metrics)
+        tracker.log_dict(samples, "eval/samples.json")
+        for name, sample in samples.items():
+            tracker.log_text(sample["text"], f"eval/samples/{name}.txt")
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

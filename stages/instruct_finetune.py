@@ -1,7 +1,193 @@
-"""Stage `instruct-finetune`: instruction-tune GPT-2 (chapter 7), answer the test set and score the answers."""
+"""Stage `instruct-finetune`: chapter 7's instruction tuning of GPT-2, its answers and their scores.
 
-from gptlab.stages import stage_main
-from gptlab.stages.instruct_finetune import run
+Reads the load-gpt2 checkpoint models/gpt2/<instruct.base_model> and the
+instruction splits of the tokenize stage; trains with the shared loop (the
+collate function masks padding with -100); then answers every test record
+greedily and scores the answers against the references with ROUGE-L and,
+when instruct.judge.enabled, with a larger judge model as the book does.
+
+Writes models/instruct/ and, under reports/instruct/, metrics.json,
+losses.csv (the loss curve, a DVC plot) and responses.json (the answers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import tiktoken
+import torch
+
+from gptlab.checkpoint import load_model, read_config, save_model
+from gptlab.config import InstructConfig, Params
+from gptlab.datasets.instruct import SPLITS, InstructionDataset, instruction_collate, load_split, split_path
+from gptlab.distributed import is_main
+from gptlab.errors import InputError
+from gptlab.files import write_csv, write_json
+from gptlab.judge import check_judge, judge_all, summarize
+from gptlab.losses import dataset_loss, next_token_loss
+from gptlab.model import GPTModel
+from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
+from gptlab.responses import generate_responses, rouge_l
+from gptlab.runtime import autocast
+from gptlab.stage import stage_main
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import StageRun, stage_run
+from gptlab.train import fit
+from gptlab.train_state import resume_folder
+from gptlab.typed_config import flatten
+
+STAGE = "instruct-finetune"
+REPORT_DIR = REPORTS / "instruct"
+LOSS_COLUMNS = ["step", "tokens_seen", "train_loss", "val_loss"]
+
+
+def run(params: Params) -> None:
+    cfg = params.instruct
+    processed_dir = Path(params.data.processed_dir)
+    raw_dir = Path(params.data.raw_dir)
+    base_dir = GPT2_MODELS / cfg.base_model
+    # Fail before hours of training, not after: the judge, the base model, the data.
+    if cfg.judge.enabled:
+        check_judge(cfg.judge)
+    base_cfg, base_metadata = read_config(base_dir)
+    if base_cfg.num_classes is not None:
+        raise InputError(f"{base_dir} is a classifier; instruct.base_model must name a GPT-2 language model")
+    splits = {split: load_split(processed_dir, split) for split in SPLITS}
+    tokenizer = gpt2_tokenizer(
+        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+        raw_dir / params.data.sources.gpt2_encoder_json.path,
+    )
+    datasets = {split: InstructionDataset(records, tokenizer) for split, records in splits.items()}
+    collate = functools.partial(
+        instruction_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
+    )
+    # Resumable state is keyed by what determines training only: a crash while answering or
+    # judging resumes after training, even if judge settings or max_new_tokens were changed.
+    training = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens")}
+    inputs = [base_dir, *(split_path(processed_dir, split) for split in SPLITS)]
+    with (
+        stage_run(STAGE, params.tracking.experiment, flatten(cfg, "instruct")) as tracker,
+        resume_folder(STAGE, training, inputs) as run_dir,
+    ):
+        torch.manual_seed(cfg.train.seed)
+        model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
+        result = fit(
+            model,
+            datasets["train"],
+            datasets["val"],
+            cfg=cfg.train,
+            loss_fn=next_token_loss,
+            run_dir=run_dir,
+            collate_fn=collate,
+            tracker=tracker,
+        )
+        if not is_main():  # another torchrun process: rank 0 answers, scores and writes the outputs
+            return
+        responses, metrics = _answer_and_score(model, tokenizer, cfg, splits["test"], datasets, collate)
+        metrics |= {
+            # The last evaluation of training, over eval_iter batches: the book's reported losses.
+            "final_train_loss": _finite(result.history[-1]["train_loss"]) if result.history else None,
+            "final_val_loss": _finite(result.history[-1]["val_loss"]) if result.history else None,
+            "steps": result.steps,
+            "tokens_seen": result.seen,
+        }
+        save_model(
+            model,
+            INSTRUCT_MODEL,
+            {
+                "stage": STAGE,
+                "base_model": cfg.base_model,
+                "base_metadata": base_metadata,
+                "steps": result.steps,
+                "tokens_seen": result.seen,
+                "mask_prompt": cfg.mask_prompt,
+                "allowed_max_length": cfg.allowed_max_length,
+            },
+        )
+        _write_reports(result.history, responses, metrics)
+        _log(tracker, responses, metrics, judged=cfg.judge.enabled)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _answer_and_score(
+    model: GPTModel,
+    tokenizer: tiktoken.Encoding,
+    cfg: InstructConfig,
+    test_records: list[dict[str, str]],
+    datasets: dict[str, InstructionDataset],
+    collate: Callable[[list[Any]], Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Full validation and test losses, greedy answers to the test set, ROUGE-L and the judge's scores."""
+    model.eval()
+    device = next(model.parameters()).device
+    # The precision training used also serves evaluation and answering (bf16 is ~2x faster on CPU).
+    metrics: dict[str, Any] = {
+        f"{split}_loss": _finite(
+            dataset_loss(
+                model,
+                datasets[split],
+                cfg.train.batch_size,
+                precision=cfg.train.precision,
+                collate_fn=collate,
+            )
+        )
+        for split in ("val", "test")
+    }
+    with autocast(device, cfg.train.precision):
+        responses = generate_responses(model, tokenizer, test_records, max_new_tokens=cfg.max_new_tokens)
+    rouge = rouge_l([r["output"] for r in responses], [r["model_response"] for r in responses])
+    for record, score in zip(responses, rouge, strict=True):
+        record["rougeL_f1"] = score
+    metrics["rougeL_f1"] = statistics.fmean(rouge) if rouge else None
+    metrics["test_records"] = len(responses)
+    if cfg.judge.enabled:
+        verdicts = judge_all(cfg.judge, responses)
+        for record, verdict in zip(responses, verdicts, strict=True):
+            record["judge_score"] = verdict.score
+            record["judge_reply"] = verdict.reply
+        metrics["judge"] = summarize([v.score for v in verdicts])
+    return responses, metrics
+
+
+def _write_reports(
+    history: list[dict[str, Any]], responses: list[dict[str, Any]], metrics: dict[str, Any]
+) -> None:
+    write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(history, columns=LOSS_COLUMNS))
+    write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
+    write_json(REPORT_DIR / "metrics.json", metrics, allow_nan=False)
+
+
+def _log(
+    tracker: StageRun, responses: list[dict[str, Any]], metrics: dict[str, Any], *, judged: bool
+) -> None:
+    """The metrics, a table of every answer with its scores, the reports and the checkpoint."""
+    tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None})
+    table: dict[str, list[Any]] = {
+        "instruction": [r["instruction"] for r in responses],
+        "input": [r["input"] for r in responses],
+        "reference": [r["output"] for r in responses],
+        "answer": [r["model_response"] for r in responses],
+        "rougeL_f1": [r["rougeL_f1"] for r in responses],
+    }
+    if judged:
+        table["judge_score"] = [r["judge_score"] for r in responses]
+    tracker.log_table(table, "instruct/answers.json")
+    tracker.log_artifact(REPORT_DIR, "reports")
+    tracker.log_artifact(INSTRUCT_MODEL, "model")
+
+
+def _finite(value: float) -> float | None:
+    """None for a nan loss (an empty split), which JSON cannot hold."""
+    return None if math.isnan(value) else value
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

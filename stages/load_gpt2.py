@@ -1,7 +1,159 @@
-"""Stage `load-gpt2`: OpenAI's GPT-2 weights (or our own pretrained model) as the fine-tunes' base models."""
+"""Stage `load-gpt2`: the base models of both fine-tunes, from OpenAI's GPT-2 or from our own.
 
-from gptlab.stages import stage_main
-from gptlab.stages.load_gpt2 import run
+For each distinct base model the fine-tune stages name (spam.base_model,
+instruct.base_model), writes a gptlab checkpoint to models/gpt2/<name>/:
+- gpt2.source huggingface: OpenAI's weights file, pinned by revision and sha256,
+  taken from gpt2.download_dir/<name>/ if already there, else the mirror
+  (GPTLAB_MIRROR/gpt2-weights/<name>/), else Hugging Face; then converted.
+- gpt2.source pretrain: this pipeline's models/pretrain taken through the same
+  export -> import path (its own output head kept as `lm_head.weight`, so the
+  model has exactly the checkpoint's logits), so both fine-tunes can run with no
+  network at all.
+Each model is then checked as the book does: loss and perplexity on The Verdict
+(the metric names of the eval stage) and a seeded sample. One MLflow run per
+model, named load-gpt2 and tagged gptlab.base_model=<name>, so each sits beside
+the eval stage's run of our pretrained model in the UI with the same metric
+columns; all of it also goes to reports/load-gpt2/{metrics,samples}.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
+from gptlab.config import HFWeights, Params
+from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.errors import InputError
+from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
+from gptlab.files import write_json
+from gptlab.generate import generate_text
+from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
+from gptlab.losses import dataset_loss, perplexity
+from gptlab.model import GPTModel
+from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
+from gptlab.runtime import resolve_device
+from gptlab.stage import stage_main
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import stage_run
+from gptlab.typed_config import ConfigError, flatten
+
+REPORT_DIR = REPORTS / "load-gpt2"
+# Where weights files lie inside a mirror folder: gpt2-weights/<name>/<filename>.
+MIRROR_SUBDIR = "gpt2-weights"
+
+
+def base_model_names(params: Params) -> list[str]:
+    """The distinct base models the fine-tune stages ask for, in a stable order."""
+    return sorted({params.spam.base_model, params.instruct.base_model})
+
+
+def weights_url(pin: HFWeights) -> str:
+    return f"https://huggingface.co/{pin.repo_id}/resolve/{pin.revision}/{pin.filename}"
+
+
+def obtain_weights(name: str, params: Params) -> Path:
+    """OpenAI's pinned weights file for `name`: present, mirror, then URL; FetchError says what to do."""
+    if name not in params.gpt2.weights:
+        raise ConfigError(
+            f"gpt2.weights.{name}: missing key; a fine-tune names {name!r} as its base model, so pin its "
+            f"weights here (known: {sorted(params.gpt2.weights)}) or set gpt2.source: pretrain"
+        )
+    pin = params.gpt2.weights[name]
+    mirror = mirror_dir()
+    try:
+        return ensure_file(
+            Path(params.gpt2.download_dir) / name / pin.filename,
+            url=weights_url(pin),
+            sha256=pin.sha256,
+            mirror_file=mirror / MIRROR_SUBDIR / name / pin.filename if mirror else None,
+            size=pin.size,
+        )
+    except FetchError as exc:
+        raise FetchError(
+            f"{exc}\nOr run fully offline on this pipeline's own pretrained model: set "
+            "`gpt2.source: pretrain` in params.yaml (the fine-tunes then start from models/pretrain)."
+        ) from exc
+
+
+def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[GPTModel, dict[str, Any]]:
+    """The base model `name` and the metadata that records where it came from."""
+    if params.gpt2.source == "huggingface":
+        assert weights is not None, "huggingface source needs its weights file"
+        pin = params.gpt2.weights[name]
+        metadata = {"source": "huggingface", "name": name, "url": weights_url(pin), **dataclasses.asdict(pin)}
+        return load_hf_weights(weights), metadata
+    metadata = {
+        "source": "pretrain",
+        "name": name,
+        "checkpoint": PRETRAIN_MODEL.as_posix(),
+        "checkpoint_sha256": sha256_file(PRETRAIN_MODEL / WEIGHTS_FILE),
+        "head": "the checkpoint's own out_head, kept through export -> import (same logits)",
+    }
+    return roundtrip_checkpoint(PRETRAIN_MODEL), metadata
+
+
+def verdict_losses(model: GPTModel, params: Params, desc: str) -> dict[str, float]:
+    """Loss and perplexity on The Verdict's splits, in order, every window (the eval stage's names)."""
+    data = params.pretrain.data
+    if data.max_length > model.cfg.context_length:
+        raise InputError(
+            f"pretrain.data.max_length={data.max_length} exceeds the context length "
+            f"{model.cfg.context_length} of {desc}; lower it"
+        )
+    metrics: dict[str, float] = {}
+    for split in ("train", "val"):
+        dataset = GPTDatasetV1(load_split(params.data.processed_dir, split), data.max_length, data.stride)
+        loss = dataset_loss(model, dataset, params.gpt2.batch_size, desc=f"{desc} {split} loss")
+        metrics[f"{split}_loss"] = loss
+        metrics[f"{split}_perplexity"] = perplexity(loss)
+    return metrics
+
+
+def run(params: Params) -> None:
+    cfg = params.gpt2
+    names = base_model_names(params)
+    # Every input first: a missing one fails before minutes of converting the others.
+    if cfg.source == "huggingface":
+        weights: dict[str, Path | None] = {name: obtain_weights(name, params) for name in names}
+    else:
+        read_config(PRETRAIN_MODEL)  # a clear error if the pretrain stage has not run
+        weights = dict.fromkeys(names)
+    sources = params.data.sources
+    raw_dir = Path(params.data.raw_dir)
+    tokenizer = gpt2_tokenizer(
+        raw_dir / sources.gpt2_vocab_bpe.path, raw_dir / sources.gpt2_encoder_json.path
+    )
+    device = resolve_device("auto")
+    logged = {
+        **flatten(cfg, "gpt2"),
+        "spam.base_model": params.spam.base_model,
+        "instruct.base_model": params.instruct.base_model,
+        **flatten(params.pretrain.data, "pretrain.data"),
+        "data.processed_dir": params.data.processed_dir,
+    }
+    report: dict[str, dict[str, float]] = {}
+    samples: dict[str, str] = {}
+    for name in names:
+        with stage_run("load-gpt2", params.tracking.experiment, logged) as tracker:
+            tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
+            model, metadata = import_base_model(name, params, weights[name])
+            save_model(model, GPT2_MODELS / name, metadata)
+            model.to(device).eval()
+            report[name] = verdict_losses(model, params, name)
+            samples[name] = generate_text(model, tokenizer, cfg.sample)
+            tracker.log_metrics(report[name])
+            tracker.log_text(samples[name], "load-gpt2/sample.txt")
+            tracker.log_dict(
+                {"model": model.cfg.to_dict(), "metadata": metadata}, "load-gpt2/base_model.json"
+            )
+            del model
+        print(f"{name}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
+    write_json(REPORT_DIR / "metrics.json", report)
+    write_json(REPORT_DIR / "samples.json", samples)
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

@@ -1,7 +1,233 @@
-"""Stage `spam-finetune`: fine-tune GPT-2 as an SMS spam classifier and score it (chapter 6)."""
+"""Stage `spam-finetune`: GPT-2 fine-tuned as an SMS spam classifier (chapter 6).
 
-from gptlab.stages import stage_main
-from gptlab.stages.spam_finetune import run
+Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2) and the
+spam splits under data.processed_dir (stage tokenize). Swaps the LM head for a
+seeded 2-class head, trains what `spam.trainable` selects with the shared
+loop, and writes models/spam/ (the classifier, rebuildable alone) and
+reports/spam/: metrics.json, losses.csv, accuracy.csv, predictions.csv and
+confusion_matrix.png. Everything also goes to the stage's MLflow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from torch import nn
+
+from gptlab.checkpoint import load_model, save_model
+from gptlab.classifier import (
+    CLASS_NAMES,
+    accuracy,
+    classification_loss,
+    classification_metrics,
+    count_examples,
+    count_trainable,
+    make_classifier,
+    predict,
+)
+from gptlab.config import Params
+from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
+from gptlab.distributed import is_main
+from gptlab.errors import InputError
+from gptlab.files import write_csv, write_figure, write_json
+from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
+from gptlab.plots import plot_confusion_matrix
+from gptlab.runtime import ordered_loader, resolve_device
+from gptlab.stage import stage_main
+from gptlab.tracking import StageRun, stage_run
+from gptlab.train import fit
+from gptlab.train_state import resume_folder
+from gptlab.typed_config import flatten
+
+STAGE = "spam-finetune"
+REPORT_DIR = REPORTS / "spam"
+LOSS_COLUMNS = ["step", "examples_seen", "train_loss", "val_loss"]
+
+
+def run(params: Params) -> None:
+    cfg = params.spam
+    processed_dir = Path(params.data.processed_dir)
+    base_dir = GPT2_MODELS / cfg.base_model
+    device = resolve_device(cfg.train.device)
+    model, base_metadata = load_model(base_dir, device, drop_rate=cfg.drop_rate)
+    if model.cfg.num_classes is not None:
+        raise InputError(
+            f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
+        )
+    model = make_classifier(
+        model,
+        len(CLASS_NAMES),
+        trainable=cfg.trainable,
+        trainable_blocks=cfg.trainable_blocks,
+        seed=cfg.train.seed,
+    )
+    data = {split: SpamDataset(processed_dir, split) for split in SPLITS}
+    max_length = data["train"].max_length
+    if max_length > model.cfg.context_length:
+        raise InputError(
+            f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
+            f"{model.cfg.context_length}: use a base model with a longer context"
+        )
+    # Evaluation reads every split in order; fit builds its own shuffled training loader.
+    loaders = {split: ordered_loader(dataset, cfg.train.batch_size) for split, dataset in data.items()}
+    fingerprint = {"spam": flatten(cfg), "model": model.cfg.to_dict()}
+    inputs = [base_dir, processed_dir / SUBDIR]
+
+    def eval_accuracy(split: str, trained: nn.Module) -> float:
+        return accuracy(trained, loaders[split], cfg.pooling, num_batches=cfg.train.eval_iter)
+
+    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
+    with (
+        stage_run(STAGE, params.tracking.experiment, logged) as tracker,
+        resume_folder(STAGE, fingerprint, inputs) as run_dir,
+    ):
+        trainable = count_trainable(model)
+        tracker.set_tags({"gptlab.base_model": cfg.base_model, "gptlab.trainable_params": trainable})
+        print(
+            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
+        )
+        # As the book prints before training: accuracy of the fresh head on eval_iter batches.
+        initial = {f"{split}_accuracy": eval_accuracy(split, model) for split in SPLITS}
+        tracker.log_metrics(flatten({"initial": initial}), step=0)
+        print("before training: " + _percentages(initial))
+
+        def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
+            scores = {f"{split}_accuracy": eval_accuracy(split, trained) for split in ("train", "val")}
+            print(f"epoch {epoch}: " + _percentages(scores))
+            return scores
+
+        result = fit(
+            model,
+            data["train"],
+            data["val"],
+            cfg=cfg.train,
+            loss_fn=classification_loss(cfg.pooling),
+            run_dir=run_dir,
+            seen_name="examples_seen",
+            count_seen=count_examples,
+            tracker=tracker,
+            on_epoch_end=on_epoch_end,
+        )
+        if not is_main():  # another torchrun process: rank 0 writes the outputs
+            return
+
+        # Final scores over the full splits, as the book's last evaluation.
+        predictions = {split: predict(model, loaders[split], cfg.pooling, desc=split) for split in SPLITS}
+        final = {
+            split: classification_metrics(actual, predicted)
+            for split, (actual, predicted, _) in predictions.items()
+        }
+        print("after training: " + _percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
+        metrics: dict[str, Any] = {
+            "initial": initial,
+            **{split: _report_metrics(scores) for split, scores in final.items()},
+            "examples_seen": result.seen,
+            "steps": result.steps,
+            "trainable_params": trainable,
+        }
+        if result.history:
+            metrics["final_train_loss"] = result.history[-1]["train_loss"]
+            metrics["final_val_loss"] = result.history[-1]["val_loss"]
+
+        save_model(
+            model,
+            SPAM_MODEL,
+            {
+                "labels": {str(index): name for index, name in enumerate(CLASS_NAMES)},
+                "max_length": max_length,
+                "pooling": cfg.pooling,
+                "base_model": cfg.base_model,
+                "base_metadata": base_metadata,
+                "trainable": cfg.trainable,
+                "metrics": {split: metrics[split] for split in SPLITS},
+            },
+        )
+        test_actual, test_predicted, test_probs = predictions["test"]
+        _write_reports(metrics, result.history, result.epochs, initial, test_actual, test_predicted)
+        figure = plot_confusion_matrix(
+            final["test"]["confusion_matrix"], CLASS_NAMES, "spam-finetune: test set"
+        )
+        write_figure(REPORT_DIR / "confusion_matrix.png", figure)
+        _log_run(tracker, metrics, final, data["test"], test_actual, test_predicted, test_probs, figure)
+
+
+def _percentages(scores: dict[str, float]) -> str:
+    return " | ".join(f"{name.replace('_', ' ')} {value * 100:.2f}%" for name, value in scores.items())
+
+
+def _report_metrics(scores: dict[str, Any]) -> dict[str, Any]:
+    """Scalar metrics of one split plus its confusion matrix keyed by label names, for DVC."""
+    matrix = scores["confusion_matrix"]  # rows actual, columns predicted
+    return {
+        **{name: scores[name] for name in ("accuracy", "precision", "recall", "f1")},
+        "confusion_matrix": {
+            f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
+            for i, row in enumerate(matrix)
+        },
+    }
+
+
+def _write_reports(
+    metrics: dict[str, Any],
+    history: list[dict[str, Any]],
+    epochs: list[dict[str, Any]],
+    initial: dict[str, float],
+    actual: np.ndarray,
+    predicted: np.ndarray,
+) -> None:
+    write_json(REPORT_DIR / "metrics.json", metrics)
+    write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(history, columns=LOSS_COLUMNS))
+    # Epoch 0 is the fresh head, before any training step.
+    start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
+    curve = pd.DataFrame([start, *epochs], columns=["epoch", "train_accuracy", "val_accuracy"])
+    write_csv(REPORT_DIR / "accuracy.csv", curve)
+    names = np.array(CLASS_NAMES)
+    write_csv(
+        REPORT_DIR / "predictions.csv", pd.DataFrame({"actual": names[actual], "predicted": names[predicted]})
+    )
+
+
+def _log_run(
+    tracker: StageRun,
+    metrics: dict[str, Any],
+    final: dict[str, dict[str, Any]],
+    test_set: SpamDataset,
+    actual: np.ndarray,
+    predicted: np.ndarray,
+    probs: np.ndarray,
+    figure: Figure,
+) -> None:
+    # The initial accuracies were logged before training.
+    tracker.log_metrics(flatten({k: v for k, v in metrics.items() if k != "initial"}))
+    for split, scores in final.items():
+        tracker.log_dict(
+            {
+                "labels": list(CLASS_NAMES),
+                "rows": "actual",
+                "columns": "predicted",
+                "matrix": scores["confusion_matrix"],
+            },
+            f"spam/confusion_matrix_{split}.json",
+        )
+    tracker.log_figure(figure, "spam/confusion_matrix.png")
+    tracker.log_table(
+        pd.DataFrame(
+            {
+                "text": test_set.texts,
+                "actual": [CLASS_NAMES[i] for i in actual],
+                "predicted": [CLASS_NAMES[i] for i in predicted],
+                "spam_probability": probs[:, CLASS_NAMES.index("spam")],
+            }
+        ),
+        "spam/test_predictions.json",
+    )
+    tracker.log_artifact(REPORT_DIR, "spam/reports")
+    tracker.log_artifact(SPAM_MODEL, "spam/model")
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

@@ -1,11 +1,84 @@
-"""Stage `tokenize`: split, encode and pad The Verdict, the SMS spam collection and the instruction data.
+"""Stage `tokenize`: The Verdict, the SMS spam collection and the instruction data, ready to train on.
+
+Reads the download stage's files from data.raw_dir and writes under
+data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy}
+and instruct/{train,val,test}.json. Counts, lengths and class balance go to
+reports/tokenize/metrics.json (DVC) and to the stage's MLflow run.
 
 (Named tokenize_data.py, not tokenize.py: a script's folder goes first on the
 import path, and a stages/tokenize.py would shadow the standard library's.)
 """
 
-from gptlab.stages import stage_main
-from gptlab.stages.tokenize import run
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from gptlab.config import Params
+from gptlab.datasets import instruct, spam, verdict
+from gptlab.files import write_json
+from gptlab.paths import REPORTS
+from gptlab.stage import stage_main
+from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import stage_run
+from gptlab.typed_config import flatten
+
+REPORT = REPORTS / "tokenize" / "metrics.json"
+
+
+def run(params: Params) -> None:
+    cfg = params.tokenize
+    processed_dir = Path(params.data.processed_dir)
+    sources = params.data.sources
+    inputs = {
+        f.name: Path(params.data.raw_dir) / getattr(sources, f.name).path for f in dataclasses.fields(sources)
+    }
+    # Refuse before any work, so neither outputs nor a failed MLflow run are left behind.
+    missing = [str(path) for path in inputs.values() if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
+        )
+    tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
+    logged = {
+        "data.raw_dir": params.data.raw_dir,
+        "data.processed_dir": params.data.processed_dir,
+        **flatten(cfg, "tokenize"),
+    }
+    with stage_run("tokenize", params.tracking.experiment, logged) as tracker:
+        metrics: dict[str, Any] = {
+            "verdict": verdict.prepare(
+                inputs["the_verdict"], processed_dir, tokenizer, cfg.verdict.train_ratio
+            ),
+            "spam": spam.prepare(
+                inputs["sms_spam"],
+                processed_dir,
+                tokenizer,
+                seed=cfg.spam.seed,
+                train_frac=cfg.spam.train_frac,
+                val_frac=cfg.spam.val_frac,
+                max_rows=cfg.spam.max_rows,
+            ),
+            "instruct": instruct.prepare(
+                inputs["instruction_data"],
+                processed_dir,
+                tokenizer,
+                train_frac=cfg.instruct.train_frac,
+                test_frac=cfg.instruct.test_frac,
+                max_records=cfg.instruct.max_records,
+            ),
+        }
+        write_json(REPORT, metrics)
+        tracker.log_metrics(flatten(metrics))
+        tracker.log_artifact(REPORT, "tokenize")
+        example = instruct.load_split(processed_dir, "train")[:1]
+        if example:
+            prompt = instruct.format_prompt(example[0]) + example[0]["output"]
+            tracker.log_text(prompt, "tokenize/instruct_example.txt")
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+
 
 if __name__ == "__main__":
     stage_main(run, __doc__)

@@ -10,23 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from gptlab import checkpoint
-from gptlab.checkpoint import (
+from gptlab import checkpoint, train_state
+from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import load_model, read_config, save_model
+from gptlab.errors import GptlabError
+from gptlab.files import atomic_path
+from gptlab.model import GPTModel
+from gptlab.train_state import (
     CheckpointError,
-    atomic_path,
-    finish_run,
     list_checkpoints,
-    load_model,
     load_training_checkpoint,
     prune_checkpoints,
-    read_config,
     remove_partial_checkpoints,
-    run_dir,
-    save_model,
+    resume_folder,
+    run_fingerprint,
     save_training_checkpoint,
 )
-from gptlab.config import ModelConfig
-from gptlab.model import GPTModel
 
 TINY = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
 
@@ -107,9 +106,9 @@ def test_a_save_over_an_existing_step_replaces_it(tmp_path: Path) -> None:
 
 def test_pickled_objects_are_refused_by_weights_only_loading(tmp_path: Path) -> None:
     path = save_training_checkpoint(tmp_path, 1, tiny_model(), {"ok": 1})
-    state = path / checkpoint.STATE_FILE
+    state = path / train_state.STATE_FILE
     torch.save({"evil": Path("x")}, state)
-    manifest = path / checkpoint.MANIFEST_FILE
+    manifest = path / train_state.MANIFEST_FILE
     sizes = json.loads(manifest.read_text())["sizes"]
     manifest.write_text(json.dumps({"sizes": {**sizes, "state.pt": state.stat().st_size}}))
     with pytest.raises(CheckpointError, match=r"state\.pt: unreadable training state"):
@@ -129,27 +128,38 @@ def test_listing_pruning_and_partial_saves(tmp_path: Path) -> None:
     assert list_checkpoints(tmp_path / "missing") == []
 
 
-def test_run_dir_changes_with_settings_and_input_content(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_fingerprint_changes_with_settings_and_input_content(tmp_path: Path) -> None:
     data = tmp_path / "data"
     (data / "sub").mkdir(parents=True)
     (data / "sub" / "a.npy").write_bytes(b"one")
-    first = run_dir("pretrain", {"lr": 0.1}, [data])
-    assert first.parent == Path(".gptlab") / "runs" / "pretrain"
-    assert run_dir("pretrain", {"lr": 0.1}, [data]) == first
-    assert run_dir("pretrain", {"lr": 0.2}, [data]) != first
+    first = run_fingerprint({"lr": 0.1}, [data])
+    assert run_fingerprint({"lr": 0.1}, [data]) == first
+    assert run_fingerprint({"lr": 0.2}, [data]) != first
     (data / "sub" / "a.npy").write_bytes(b"two")
-    assert run_dir("pretrain", {"lr": 0.1}, [data]) != first
+    assert run_fingerprint({"lr": 0.1}, [data]) != first
     with pytest.raises(FileNotFoundError, match="missing.npy not found"):
-        run_dir("pretrain", {}, [tmp_path / "missing.npy"])
+        run_fingerprint({}, [tmp_path / "missing.npy"])
 
 
-def test_finish_run_removes_the_runs_state_and_tolerates_a_missing_one(tmp_path: Path) -> None:
-    run = tmp_path / "runs" / "pretrain" / "abc"
-    (run / "step-0000010").mkdir(parents=True)
-    (run / "step-0000010" / "state.pt").write_bytes(b"state")
-    finish_run(run)
-    assert not run.exists() and (tmp_path / "runs" / "pretrain").is_dir()
-    finish_run(run)  # a run that saved nothing (or was already finished) is fine
+def test_resume_folder_is_kept_on_failure_and_removed_once_outputs_are_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError), resume_folder("pretrain", {"lr": 0.1}) as folder:
+        assert folder.parent == Path(".gptlab") / "runs" / "pretrain"
+        (folder / "step-0000010").mkdir(parents=True)
+        raise RuntimeError("killed mid-run")
+    assert (folder / "step-0000010").is_dir()  # a rerun resumes from it
+    with resume_folder("pretrain", {"lr": 0.1}) as again:
+        assert again == folder
+    assert not folder.exists()  # finished: nothing left to resume
+
+
+def test_a_second_trainer_of_the_same_run_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with resume_folder("spam-finetune", {"lr": 0.1}) as folder:
+        with pytest.raises(GptlabError, match=f"another process .* is training into {folder}"):  # noqa: SIM117
+            with resume_folder("spam-finetune", {"lr": 0.1}):
+                pass
+        with resume_folder("spam-finetune", {"lr": 0.2}):  # another run of the stage is fine
+            pass

@@ -12,6 +12,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import load_model, save_model
 from gptlab.classifier import (
     PAD_TOKEN_ID,
@@ -25,7 +26,6 @@ from gptlab.classifier import (
     mean_pooled_classification_loss,
     predict,
 )
-from gptlab.config import ModelConfig
 from gptlab.model import GPTModel
 
 TINY = ModelConfig(context_length=32, emb_dim=32, n_heads=2, n_layers=3, drop_rate=0.0, qkv_bias=True)

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gptlab.config import ConfigError, ModelConfig, Params, SourceFile, flatten, load_params
+from gptlab.architecture import ModelConfig
+from gptlab.config import Params, SourceFile, load_params
+from gptlab.typed_config import ConfigError, flatten
 
 from helpers import PROJECT_ROOT
 

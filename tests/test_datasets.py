@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 
 from gptlab.config import Params, load_params
 from gptlab.datasets import spam, verdict
-from gptlab.stages import tokenize as tokenize_stage
 from gptlab.tokenizer import END_OF_TEXT_ID
+from stages import tokenize_data as tokenize_stage
 
 from helpers import PROJECT_ROOT
 

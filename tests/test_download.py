@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.config import SourceFile, load_params
 from gptlab.fetch import FetchError, fetch, sha256_file
-from gptlab.stages.download import run
+from stages.download import run
 
 from helpers import PROJECT_ROOT
 

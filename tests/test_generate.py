@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from gptlab.config import ModelConfig, SampleConfig
+from gptlab.architecture import ModelConfig
+from gptlab.config import SampleConfig
 from gptlab.generate import _top_p_filter, generate, generate_text
 from gptlab.model import GPTModel, KVCache
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab import cli
+from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import save_model
-from gptlab.config import ModelConfig
 from gptlab.hf_gpt2 import (
     config_from_hf,
     export_checkpoint,

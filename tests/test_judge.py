@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gptlab.config import ConfigError, JudgeConfig, build
+from gptlab.config import JudgeConfig
 from gptlab.datasets.instruct import format_input
 from gptlab.judge import (
     API_KEY_ENV,
@@ -25,6 +25,7 @@ from gptlab.judge import (
     parse_score,
     summarize,
 )
+from gptlab.typed_config import ConfigError, build
 
 ENTRY = {
     "instruction": "Convert 45 kilometers to meters.",

@@ -19,14 +19,16 @@ from mlflow.tracking import MlflowClient
 from torch.utils.data import DataLoader
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import load_model, save_model
-from gptlab.config import ConfigError, ModelConfig, load_params
+from gptlab.config import load_params
 from gptlab.datasets.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
 from gptlab.fetch import FetchError, sha256_file
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
-from gptlab.stages.load_gpt2 import run
-from gptlab.train import ordered_loader
+from gptlab.runtime import ordered_loader
+from gptlab.typed_config import ConfigError
+from stages.load_gpt2 import run
 
 from helpers import PROJECT_ROOT
 

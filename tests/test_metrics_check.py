@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gptlab.cli import main
-from gptlab.config import ConfigError
 from gptlab.metrics_check import compare, load_baseline, update_baseline
+from gptlab.typed_config import ConfigError
 
 
 def write_reports(root: Path, val_loss: float, accuracy: float) -> Path:

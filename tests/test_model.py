@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptlab.config import ModelConfig
+from gptlab.architecture import ModelConfig
 from gptlab.generate import generate
 from gptlab.model import GELU, GPTModel, LayerNorm
 

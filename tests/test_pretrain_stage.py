@@ -15,11 +15,13 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from gptlab.checkpoint import list_checkpoints, load_model
-from gptlab.config import ConfigError, load_params
+from gptlab.checkpoint import load_model
+from gptlab.config import load_params
 from gptlab.plots import plot_losses
-from gptlab.stages import pretrain as pretrain_stage
 from gptlab.tracking import tracking_uri
+from gptlab.train_state import list_checkpoints
+from gptlab.typed_config import ConfigError
+from stages import pretrain as pretrain_stage
 
 import helpers
 from helpers import PROJECT_ROOT, copy_code, git
@@ -160,7 +162,12 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
 
 def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:
     history = [
-        {"step": step, "seen": (step + 1) * 512, "train_loss": 10.0 - step, "val_loss": 10.5 - step / 2}
+        {
+            "step": step,
+            "tokens_seen": (step + 1) * 512,
+            "train_loss": 10.0 - step,
+            "val_loss": 10.5 - step / 2,
+        }
         for step in range(0, 9, 3)
     ]
     figure = plot_losses(history, steps_per_epoch=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptlab.config import ModelConfig
+from gptlab.architecture import ModelConfig
 from gptlab.datasets.instruct import format_input, format_prompt
 from gptlab.model import GPTModel
 from gptlab.responses import extract_response, generate_response, generate_responses, rouge_l

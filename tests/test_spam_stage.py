@@ -19,10 +19,11 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import load_model, save_model
 from gptlab.classifier import PAD_TOKEN_ID, class_logits, make_classifier
 from gptlab.cli import main as gptlab_main
-from gptlab.config import ModelConfig, load_params
+from gptlab.config import load_params
 from gptlab.datasets import spam
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer

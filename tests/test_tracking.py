@@ -9,12 +9,14 @@ import torch
 from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
-from gptlab.config import ModelConfig, TrainConfig, flatten, load_params
+from gptlab.architecture import ModelConfig
+from gptlab.config import TrainConfig, load_params
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
 from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
+from gptlab.typed_config import flatten
 
 from helpers import PROJECT_ROOT
 
@@ -119,7 +121,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
             val_data,
             cfg=train_cfg,
             loss_fn=next_token_loss,
-            checkpoint_dir=tmp_path,
+            run_dir=tmp_path,
             tracker=run,
             on_epoch_end=lambda epoch, model: {"epoch_score": float(epoch), "note": "text is not a metric"},
         )
@@ -131,7 +133,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     history = client().get_metric_history(first_id, "train_loss")
     assert [(m.step, m.value) for m in history] == [(row["step"], row["train_loss"]) for row in full.history]
     assert [m.value for m in client().get_metric_history(first_id, "tokens_seen")] == [
-        row["seen"] for row in full.history
+        row["tokens_seen"] for row in full.history
     ]
     assert [m.step for m in client().get_metric_history(first_id, "lr")] == steps
     assert [(m.step, m.value) for m in client().get_metric_history(first_id, "epoch_score")] == [

@@ -19,13 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from gptlab import checkpoint
-from gptlab.config import ModelConfig, TrainConfig
+from gptlab import train_state
+from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import WEIGHTS_FILE
+from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.losses import IGNORE_INDEX, average_loss, next_token_loss
 from gptlab.model import GPTModel
+from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
-from gptlab.train import epoch_order, fit, learning_rate, ordered_loader, resolve_device, tokens
+from gptlab.train import count_tokens, epoch_order, fit, learning_rate
 
 from conftest import mirror_dir
 
@@ -75,7 +78,7 @@ def run_fit(checkpoint_dir: Path, cfg: TrainConfig = TRAIN, **kwargs: Any):
     train_data, val_data = verdict_data()
     model = tiny_model()
     result = fit(
-        model, train_data, val_data, cfg=cfg, loss_fn=next_token_loss, checkpoint_dir=checkpoint_dir, **kwargs
+        model, train_data, val_data, cfg=cfg, loss_fn=next_token_loss, run_dir=checkpoint_dir, **kwargs
     )
     return model, result
 
@@ -91,9 +94,7 @@ def subprocess_fit(checkpoint_dir: str, out: str, step_delay: float, threads: in
 
     train_data, val_data = verdict_data()
     model = tiny_model()
-    result = fit(
-        model, train_data, val_data, cfg=TRAIN, loss_fn=slow_loss, checkpoint_dir=Path(checkpoint_dir)
-    )
+    result = fit(model, train_data, val_data, cfg=TRAIN, loss_fn=slow_loss, run_dir=Path(checkpoint_dir))
     payload = {
         "history": result.history,
         "resumed_steps": result.resumed_steps,
@@ -124,7 +125,9 @@ def test_loss_decreases_and_history_has_the_books_shape(reference) -> None:
     assert result.steps == steps and result.global_step == steps - 1
     assert [row["step"] for row in result.history] == list(range(0, steps, 2))  # the book: step % eval_freq
     assert result.seen == steps * 4 * CONTEXT
-    assert [row["seen"] for row in result.history] == [(s + 1) * 4 * CONTEXT for s in range(0, steps, 2)]
+    assert [row["tokens_seen"] for row in result.history] == [
+        (s + 1) * 4 * CONTEXT for s in range(0, steps, 2)
+    ]
     assert [(row["epoch"], row["step"]) for row in result.epochs] == [(1, 5), (2, 11)]
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"] - 0.5
     assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
@@ -152,8 +155,8 @@ def test_checkpoints_keep_the_newest_and_load_with_weights_only(reference, tmp_p
     weights, _ = reference
     run_fit(tmp_path)
     # Saves at steps 4, 6 (epoch end), 8, 12 (epoch end and last); keep 2.
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-0000008", "step-0000012"]
-    loaded, state = checkpoint.load_training_checkpoint(tmp_path / "step-0000012")
+    assert [p.name for p in train_state.list_checkpoints(tmp_path)] == ["step-0000008", "step-0000012"]
+    loaded, state = train_state.load_training_checkpoint(tmp_path / "step-0000012")
     assert all(torch.equal(weights[k], v) for k, v in loaded.items())
     assert state["progress"]["steps"] == 12 and state["progress"]["epoch"] == 2
     assert state["train_config"] == dataclasses.asdict(TRAIN)
@@ -170,7 +173,7 @@ def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: P
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ)
     deadline = time.monotonic() + 180
-    while not checkpoint.list_checkpoints(checkpoint_dir):
+    while not train_state.list_checkpoints(checkpoint_dir):
         assert proc.poll() is None, "the training subprocess ended before its first checkpoint"
         assert time.monotonic() < deadline, "no checkpoint appeared within 180 s"
         time.sleep(0.02)
@@ -178,7 +181,7 @@ def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: P
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not out.exists(), "training finished before it was killed; the test proved nothing"
-    survivors = checkpoint.list_checkpoints(checkpoint_dir)
+    survivors = train_state.list_checkpoints(checkpoint_dir)
     assert survivors and int(survivors[-1].name.removeprefix("step-")) < result.steps
 
     rerun = subprocess.run([sys.executable, "-c", code.replace("0.15,", "0.0,")], env=os.environ, timeout=300)
@@ -195,7 +198,7 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
     _, result = reference
     cut = dataclasses.replace(TRAIN, max_steps=8)
     run_fit(tmp_path, cut)  # leaves checkpoints at steps 6 and 8
-    weights = tmp_path / "step-0000008" / checkpoint.WEIGHTS_FILE
+    weights = tmp_path / "step-0000008" / WEIGHTS_FILE
     data = bytearray(weights.read_bytes())
     data[-64:] = bytes(64)  # same size, other weights: only recomputing the loss can tell
     weights.write_bytes(bytes(data))
@@ -206,19 +209,19 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
     assert "do not give the loss recorded at save time" in err
     assert resumed.resumed_steps == 6
     assert resumed.history == result.history[:4]  # steps 7 and 8 redone exactly
-    checkpoint.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
+    train_state.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
 
 
 def test_damaged_files_are_refused_naming_them(tmp_path: Path) -> None:
     run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=4))
     path = tmp_path / "step-0000004"
-    state = path / checkpoint.STATE_FILE
+    state = path / train_state.STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
-    with pytest.raises(checkpoint.CheckpointError, match=r"state\.pt: expected \d+ bytes, found 100 bytes"):
-        checkpoint.load_training_checkpoint(path)
-    (path / checkpoint.MANIFEST_FILE).unlink()
-    with pytest.raises(checkpoint.CheckpointError, match="manifest.json: missing or unreadable manifest"):
-        checkpoint.load_training_checkpoint(path)
+    with pytest.raises(train_state.CheckpointError, match=r"state\.pt: expected \d+ bytes, found 100 bytes"):
+        train_state.load_training_checkpoint(path)
+    (path / train_state.MANIFEST_FILE).unlink()
+    with pytest.raises(train_state.CheckpointError, match="manifest.json: missing or unreadable manifest"):
+        train_state.load_training_checkpoint(path)
 
 
 def test_partial_saves_are_cleaned_and_unreadable_checkpoints_skipped(
@@ -227,7 +230,7 @@ def test_partial_saves_are_cleaned_and_unreadable_checkpoints_skipped(
     _, result = reference
     cut = dataclasses.replace(TRAIN, max_steps=8)
     run_fit(tmp_path, cut)
-    (tmp_path / "step-0000008" / checkpoint.MANIFEST_FILE).unlink()
+    (tmp_path / "step-0000008" / train_state.MANIFEST_FILE).unlink()
     (tmp_path / ".step-0000010.abc.tmp").mkdir()  # what a kill during a save leaves
     _, resumed = run_fit(tmp_path, cut)
     err = capsys.readouterr().err
@@ -265,11 +268,11 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
             val_data,
             cfg=TRAIN,
             loss_fn=explodes_at_step_6,
-            checkpoint_dir=tmp_path,
+            run_dir=tmp_path,
         )
-    kept = checkpoint.list_checkpoints(tmp_path)
+    kept = train_state.list_checkpoints(tmp_path)
     assert [p.name for p in kept] == ["step-0000004", "step-0000006"]
-    _, state = checkpoint.load_training_checkpoint(kept[-1])
+    _, state = train_state.load_training_checkpoint(kept[-1])
     assert math.isfinite(state["probe_loss"])
 
 
@@ -325,7 +328,7 @@ def test_too_little_data_is_a_clear_error(tmp_path: Path) -> None:
             val_data,
             cfg=dataclasses.replace(TRAIN, batch_size=64),
             loss_fn=next_token_loss,
-            checkpoint_dir=tmp_path,
+            run_dir=tmp_path,
         )
 
 
@@ -351,4 +354,4 @@ def test_average_loss_matches_the_books_calc_loss_loader() -> None:
         np.mean(per_batch[:2])
     )
     assert math.isnan(average_loss(model, [], next_token_loss))
-    assert tokens((torch.zeros(3, 5), torch.zeros(3, 5))) == 15
+    assert count_tokens((torch.zeros(3, 5), torch.zeros(3, 5))) == 15

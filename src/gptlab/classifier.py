@@ -107,7 +107,7 @@ def classification_loss(pooling: Pooling) -> LossFn:
     return losses[pooling]
 
 
-def examples(batch: Batch) -> int:
+def count_examples(batch: Batch) -> int:
     """Examples in a batch: the progress measure of classification training (the book's examples_seen)."""
     return int(batch[0].shape[0])
 

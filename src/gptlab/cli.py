@@ -1,8 +1,9 @@
 """`gptlab`: use the pipeline's trained models and check its metrics from the shell.
 
 The stages themselves run through `dvc repro`; this CLI is for what comes after.
-Each subcommand lives in its own module under gptlab.commands, imported only
-when it runs, so `gptlab --help` stays fast.
+Each subcommand lives in its own module under gptlab.commands, whose top level
+imports only what its arguments need (torch and the model load when it runs),
+so `gptlab --help` stays fast.
 """
 
 from __future__ import annotations

@@ -1,92 +1,22 @@
-"""Typed, frozen configuration built from params.yaml.
+"""The schema of params.yaml: one frozen dataclass per section, and its loader.
 
-Every section of params.yaml maps onto a dataclass below. Unknown keys, missing
-keys and wrong types are refused before any work starts, with the key path and
-what was expected, so a typo never silently falls back to a default.
+Every section of params.yaml maps onto a dataclass below, built by
+`gptlab.typed_config`, so unknown keys, missing keys and wrong types are
+refused before any work starts, naming the key.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import math
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 import yaml
 
-from gptlab.errors import InputError
-
-T = TypeVar("T")
+from gptlab.architecture import MODEL_PRESETS, ModelConfig
+from gptlab.typed_config import ConfigError, build
 
 PARAMS_FILE = Path("params.yaml")
-
-
-class ConfigError(InputError):
-    """A params.yaml value that cannot be used; the message names the key."""
-
-
-# --------------------------------------------------------------------------- #
-# Model architecture
-# --------------------------------------------------------------------------- #
-
-GPT2_VOCAB_SIZE = 50257
-
-MODEL_PRESETS: dict[str, dict[str, int]] = {
-    "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},
-    "gpt2-medium": {"emb_dim": 1024, "n_layers": 24, "n_heads": 16},
-    "gpt2-large": {"emb_dim": 1280, "n_layers": 36, "n_heads": 20},
-    "gpt2-xl": {"emb_dim": 1600, "n_layers": 48, "n_heads": 25},
-}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The complete architecture of a GPTModel; saved beside every checkpoint."""
-
-    vocab_size: int = GPT2_VOCAB_SIZE
-    context_length: int = 1024
-    emb_dim: int = 768
-    n_heads: int = 12
-    n_layers: int = 12
-    drop_rate: float = 0.1
-    qkv_bias: bool = False
-    # How attention is computed; same maths, different speed (see benchmarks/).
-    attention: Literal["sdpa", "masked_softmax"] = "sdpa"
-    # None: the language-model head over the vocabulary (no bias). An integer: a
-    # classification head with that many outputs (with bias), as in chapter 6.
-    num_classes: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_classes is not None and self.num_classes < 2:
-            raise ConfigError(f"model.num_classes: expected at least 2 or null, got {self.num_classes}")
-        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.emb_dim % self.n_heads:
-            raise ConfigError(
-                f"model.emb_dim: {self.emb_dim} is not divisible by n_heads={self.n_heads}; "
-                "pick an emb_dim that is a multiple of n_heads"
-            )
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ConfigError(f"model.drop_rate: expected a value in [0, 1), got {self.drop_rate}")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        if name not in MODEL_PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}")
-        return cls(**{**MODEL_PRESETS[name], **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
-        return build(cls, data, "model")
 
 
 @dataclass(frozen=True)
@@ -364,7 +294,7 @@ class Params:
 
 
 # --------------------------------------------------------------------------- #
-# Building typed configs from plain YAML data
+# Loading
 # --------------------------------------------------------------------------- #
 
 
@@ -379,125 +309,3 @@ def load_params(path: Path | str = PARAMS_FILE) -> Params:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return build(Params, data, "")
-
-
-def build(cls: type[T], data: Any, path: str) -> T:
-    """Build dataclass `cls` from a mapping, checking every key and type."""
-    where = path or "params.yaml"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {_describe(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}")
-    kwargs: dict[str, Any] = {}
-    for name, field in fields.items():
-        key = _join(path, name)
-        if name not in data:
-            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-            if no_default:
-                raise ConfigError(f"{key}: missing key")
-            continue
-        kwargs[name] = _convert(data[name], hints[name], key)
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        # __post_init__ messages name keys by their section ("train.lr: ..."); give the full path.
-        message, section = str(exc), path.rpartition(".")[2]
-        if section and message.startswith(f"{section}."):
-            raise ConfigError(_join(path, message[len(section) + 1 :])) from None
-        raise ConfigError(f"{path}: {message}" if path else message) from None
-
-
-def _convert(value: Any, annotation: Any, key: str) -> Any:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
-            try:
-                return _convert(value, option, key)
-            except ConfigError as exc:
-                errors.append(exc)
-        expected = " or ".join(_type_name(a) for a in args)
-        raise ConfigError(f"{key}: expected {expected}, got {_describe(value)}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: expected one of {list(args)}, got {_describe(value)}")
-        return value
-    if origin is dict:
-        key_type, value_type = args
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {_describe(value)}")
-        return {
-            _convert(k, key_type, key): _convert(v, value_type, _join(key, str(k))) for k, v in value.items()
-        }
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {_describe(value)}")
-        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(annotation):
-        return build(annotation, value, key)
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
-        return value
-    if annotation is float:
-        # YAML reads 5e-5 (no dot) as a string; accept it as the number it obviously is.
-        number = value
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                number = float(value)
-        if isinstance(number, bool) or not isinstance(number, int | float):
-            raise ConfigError(f"{key}: expected a float, got {_describe(value)}")
-        if not math.isfinite(number):
-            raise ConfigError(f"{key}: expected a finite float, got {_describe(value)}")
-        return float(number)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
-        return value
-    raise AssertionError(f"{key}: config type {annotation!r} is not supported by the loader")
-
-
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """Flat `section.key` view of a config, as logged to MLflow."""
-    items = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
-    flat: dict[str, Any] = {}
-    for name, value in items.items():
-        key = _join(prefix, str(name))
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, key))
-        else:
-            flat[key] = value
-    return flat
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _type_name(annotation: Any) -> str:
-    if annotation is type(None):
-        return "null"
-    return {int: "an integer", float: "a float", str: "a string", bool: "true or false"}.get(
-        annotation, getattr(annotation, "__name__", str(annotation))
-    )
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)

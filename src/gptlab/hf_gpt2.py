@@ -41,11 +41,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, atomic_path, load_model, read_config
-from gptlab.config import ConfigError, ModelConfig
 from gptlab.errors import InputError
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
+from gptlab.typed_config import ConfigError
 
 # Our name -> Hugging Face name, outside the blocks.
 TOP_LEVEL_MAP: dict[str, str] = {

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
-from gptlab.checkpoint import atomic_path
-from gptlab.config import ConfigError, build
 from gptlab.errors import InputError
+from gptlab.files import atomic_path
+from gptlab.typed_config import ConfigError, build
 
 DEFAULT_BASELINE = Path("baselines/smoke.yaml")
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptlab.config import ModelConfig
+from gptlab.architecture import ModelConfig
 
 
 class LayerNorm(nn.Module):
@@ -90,7 +90,6 @@ class MultiHeadAttention(nn.Module):
         self,
         d_in: int,
         d_out: int,
-        context_length: int,
         dropout: float,
         num_heads: int,
         qkv_bias: bool = False,
@@ -101,7 +100,6 @@ class MultiHeadAttention(nn.Module):
         self.d_out = d_out
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
-        self.context_length = context_length
         self.attention = attention
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -159,7 +157,6 @@ class TransformerBlock(nn.Module):
         self.att = MultiHeadAttention(
             d_in=cfg.emb_dim,
             d_out=cfg.emb_dim,
-            context_length=cfg.context_length,
             num_heads=cfg.n_heads,
             dropout=cfg.drop_rate,
             qkv_bias=cfg.qkv_bias,

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from sklearn.metrics import ConfusionMatrixDisplay
 
 
 def plot_losses(
-    history: Sequence[Mapping[str, float]], steps_per_epoch: int, seen_label: str = "Tokens seen"
+    history: Sequence[Mapping[str, float]],
+    steps_per_epoch: int,
+    seen_key: str = "tokens_seen",
+    seen_label: str = "Tokens seen",
 ) -> Figure:
     """The book's loss figure: train and validation loss against epochs, tokens seen on a twin axis.
 
-    `history` rows carry step (0-based optimizer step), seen, train_loss and
-    val_loss, as gptlab.train.fit records them.
+    `history` rows carry step (0-based optimizer step), `seen_key`, train_loss
+    and val_loss, as gptlab.train.fit records them.
     """
     assert steps_per_epoch > 0, "steps_per_epoch must be positive"
     epochs = [(row["step"] + 1) / steps_per_epoch for row in history]
-    seen = [row["seen"] for row in history]
+    seen = [row[seen_key] for row in history]
     train = [row["train_loss"] for row in history]
     val = [row["val_loss"] for row in history]
 
@@ -36,3 +41,15 @@ def plot_losses(
     top.set_xlabel(seen_label)
     fig.tight_layout()
     return fig
+
+
+def plot_confusion_matrix(matrix: list[list[int]], labels: Sequence[str], title: str) -> Figure:
+    """A confusion matrix with counts in each cell: rows are actual, columns predicted."""
+    figure = Figure(figsize=(4.5, 4))
+    ax = figure.add_subplot()
+    ConfusionMatrixDisplay(np.array(matrix), display_labels=list(labels)).plot(
+        ax=ax, colorbar=False, values_format="d"
+    )
+    ax.set_title(title)
+    figure.tight_layout()
+    return figure

@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
-from gptlab.config import ConfigError, Params, build
+from gptlab.config import Params
 from gptlab.errors import GptlabError
 from gptlab.paths import REPORTS
+from gptlab.typed_config import ConfigError, build
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
 

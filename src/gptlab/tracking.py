@@ -23,9 +23,13 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from gptlab.distributed import is_main
+
 DEFAULT_DB = "mlflow.db"
-# MLflow accepts at most this many params / metrics per log_batch call.
-_BATCH = 100
+# The most entries MLflow accepts in one log_batch call, per kind.
+_MAX_PARAMS = 100
+_MAX_METRICS = 1000
+_MAX_TAGS = 100
 
 
 def tracking_uri() -> str:
@@ -43,8 +47,8 @@ class StageRun:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
         entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
-        for i in range(0, len(entries), _BATCH):
-            self.client.log_batch(self.run_id, metrics=entries[i : i + _BATCH])
+        for i in range(0, len(entries), _MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
 
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
         """Log a metric history (e.g. a loss curve) in as few calls as possible."""
@@ -55,17 +59,18 @@ class StageRun:
             for k, v in row.items()
             if k != step_key and v is not None
         ]
-        for i in range(0, len(entries), 1000):
-            self.client.log_batch(self.run_id, metrics=entries[i : i + 1000])
+        for i in range(0, len(entries), _MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         entries = [Param(k, _param_value(v)) for k, v in params.items()]
-        for i in range(0, len(entries), _BATCH):
-            self.client.log_batch(self.run_id, params=entries[i : i + _BATCH])
+        for i in range(0, len(entries), _MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=entries[i : i + _MAX_PARAMS])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         entries = [RunTag(k, str(v)) for k, v in tags.items()]
-        self.client.log_batch(self.run_id, tags=entries)
+        for i in range(0, len(entries), _MAX_TAGS):
+            self.client.log_batch(self.run_id, tags=entries[i : i + _MAX_TAGS])
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
@@ -88,9 +93,52 @@ class StageRun:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
 
+class NullRun(StageRun):
+    """The tracker of a torchrun process other than rank 0: it logs nothing (rank 0 logs for all)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        pass
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        pass
+
+    def log_table(self, data: Any, artifact_file: str) -> None:
+        pass
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        pass
+
+
+NULL_RUN = NullRun()
+
+
 @contextmanager
 def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterator[StageRun]:
-    """Open one MLflow run for a stage execution; it ends FAILED if the block raises."""
+    """Open one MLflow run for a stage execution; it ends FAILED if the block raises.
+
+    Under torchrun only rank 0 opens a run; the other processes get NULL_RUN.
+    """
+    if not is_main():
+        yield NULL_RUN
+        return
     client = MlflowClient(tracking_uri=tracking_uri())
     experiment_id = _experiment_id(client, experiment)
     run = client.create_run(experiment_id, run_name=stage, tags=_run_tags(stage, params))

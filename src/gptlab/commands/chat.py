@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.paths import INSTRUCT_MODEL
     from gptlab.responses import generate_response
     from gptlab.tokenizer import load_tokenizer
-    from gptlab.train import resolve_device
+    from gptlab.runtime import resolve_device
 
     model_dir = args.model if args.model is not None else INSTRUCT_MODEL
     if not (model_dir / CONFIG_FILE).is_file():

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.hf_gpt2 import export_checkpoint
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", type=Path, metavar="CHECKPOINT_DIR", help="e.g. models/pretrain")
@@ -32,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gptlab.hf_gpt2 import export_checkpoint  # torch: only when the command runs
+
     out_dir = export_checkpoint(args.checkpoint_dir, args.out_dir, tie_head=args.tie_head)
     print(f"wrote {out_dir}; load it with transformers.GPT2LMHeadModel.from_pretrained({str(out_dir)!r})")
     return 0

@@ -17,8 +17,8 @@ import tiktoken
 import torch
 from torch.utils.data import Dataset
 
-from gptlab.checkpoint import atomic_path
 from gptlab.errors import InputError
+from gptlab.files import atomic_path
 from gptlab.tokenizer import END_OF_TEXT_ID
 
 SUBDIR = "instruct"

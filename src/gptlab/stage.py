@@ -1,13 +1,14 @@
-"""The logic of each pipeline stage, one module per stage, each exposing `run(params)`.
+"""The entry point every script in the project's stages/ folder shares.
 
-The scripts in the project's stages/ folder are thin wrappers around these:
-they parse the command line and call `stage_main`. A stage that fails exits
-non-zero with the message, so DVC never caches a broken output.
+It parses `--params`, loads and checks params.yaml before any work, runs the
+stage, and turns an expected failure into one line on stderr and exit code 2,
+so DVC never caches a broken output. Under torchrun only rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,13 @@ from pathlib import Path
 import yaml
 
 from gptlab.config import PARAMS_FILE, Params, load_params
+from gptlab.distributed import is_main
 from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
 
 
-def stage_main(run: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
+def stage_main(
+    run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
+) -> None:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--params",
@@ -27,6 +31,8 @@ def stage_main(run: Callable[[Params], object], description: str, argv: list[str
         help="params file to read (default: %(default)s)",
     )
     args = parser.parse_args(argv)
+    if not is_main():  # another torchrun process: rank 0 speaks for all of them
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         run(load_params(args.params))
     except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug

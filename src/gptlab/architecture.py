@@ -1,0 +1,68 @@
+"""The architecture of a GPTModel and GPT-2's published sizes; saved beside every checkpoint.
+
+Kept apart from the model code (no torch here) so that params can be checked,
+and checkpoints described, without building a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gptlab.typed_config import ConfigError, build
+
+GPT2_VOCAB_SIZE = 50257
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},
+    "gpt2-medium": {"emb_dim": 1024, "n_layers": 24, "n_heads": 16},
+    "gpt2-large": {"emb_dim": 1280, "n_layers": 36, "n_heads": 20},
+    "gpt2-xl": {"emb_dim": 1600, "n_layers": 48, "n_heads": 25},
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The complete architecture of a GPTModel; saved beside every checkpoint."""
+
+    vocab_size: int = GPT2_VOCAB_SIZE
+    context_length: int = 1024
+    emb_dim: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    drop_rate: float = 0.1
+    qkv_bias: bool = False
+    # How attention is computed; same maths, different speed (see benchmarks/).
+    attention: Literal["sdpa", "masked_softmax"] = "sdpa"
+    # None: the language-model head over the vocabulary (no bias). An integer: a
+    # classification head with that many outputs (with bias), as in chapter 6.
+    num_classes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_classes is not None and self.num_classes < 2:
+            raise ConfigError(f"model.num_classes: expected at least 2 or null, got {self.num_classes}")
+        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.emb_dim % self.n_heads:
+            raise ConfigError(
+                f"model.emb_dim: {self.emb_dim} is not divisible by n_heads={self.n_heads}; "
+                "pick an emb_dim that is a multiple of n_heads"
+            )
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"model.drop_rate: expected a value in [0, 1), got {self.drop_rate}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        return build(cls, data, "model")

@@ -1,0 +1,441 @@
+"""Resumable training state: the whole life of a run's resume folder, and what goes into it.
+
+A training run keeps its state under `.gptlab/runs/<stage>/<fingerprint>/`,
+outside DVC's outputs (DVC deletes those before rerunning a stage), keyed by a
+hash of everything that determines the run, so changed params or data never
+resume a stale one. The folder is
+
+- created and locked when a stage starts training (`resume_folder`); a second
+  process training the same run is refused, and the lock dies with its process;
+- filled by `Checkpointer.save`: weights, optimizer, RNG states and the position
+  in the data, written all-or-nothing, read back and checked by recomputing a
+  loss before older checkpoints are pruned;
+- read by `Checkpointer.resume` after a crash, so the rerun ends with the same
+  numbers as an uninterrupted run;
+- removed once the stage has published its outputs: a finished run never resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from gptlab import distributed
+from gptlab.checkpoint import WEIGHTS_FILE, save_model
+from gptlab.errors import GptlabError, InputError
+from gptlab.files import atomic_path
+from gptlab.model import GPTModel
+
+# Resumable training runs, one folder per stage and fingerprint (gitignored).
+RUNS_DIR = Path(".gptlab") / "runs"
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+STATE_FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d{7,})$")
+
+
+class CheckpointError(InputError):
+    """A training checkpoint that is incomplete, corrupted or does not fit the run."""
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    steps: int = 0  # optimizer steps taken
+    epoch: int = 0  # 0-based epoch in progress
+    batch: int = 0  # batches of that epoch already trained on
+    seen: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- #
+# The folder's life
+# ---------------------------------------------------------------------- #
+
+
+def run_fingerprint(config: Mapping[str, Any], inputs: Iterable[Path | str] = ()) -> str:
+    """A hash of `config` (as JSON) and the content of every input file (folders are walked)."""
+    digests: dict[str, str] = {}
+    for item in inputs:
+        item = Path(item)
+        if not item.exists():
+            raise FileNotFoundError(f"{item} not found: run the stages before this one first")
+        files = sorted(p for p in item.rglob("*") if p.is_file()) if item.is_dir() else [item]
+        for path in files:
+            with path.open("rb") as fh:
+                digests[path.as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+    payload = json.dumps({"config": config, "inputs": digests}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def resume_folder(stage: str, config: Mapping[str, Any], inputs: Iterable[Path | str] = ()) -> Iterator[Path]:
+    """The resume folder of this run of `stage`, locked for the block and removed when it succeeds.
+
+    The block trains and publishes the stage's outputs; if it raises (or the
+    process dies) the folder stays, so a rerun resumes. Under torchrun rank 0
+    owns the lock and the removal.
+    """
+    folder = RUNS_DIR / stage / run_fingerprint(config, inputs)
+    if not distributed.is_main():
+        yield folder
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(folder.with_name(f"{folder.name}.lock"), folder):
+        yield folder
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path, folder: Path) -> Iterator[None]:
+    """An OS-level lock (flock): released by the kernel when the process dies, however it dies."""
+    with lock_path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise GptlabError(
+                f"another process (pid {holder}) is training into {folder}: wait for it to finish, "
+                "or stop it, then rerun"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------- #
+# Saving, verifying and resuming
+# ---------------------------------------------------------------------- #
+
+
+class Checkpointer:
+    """Saves the training state of one run into its folder and restores the newest good one.
+
+    `probe_loss(model)` computes a fixed batch's loss; a checkpoint counts only
+    once its weights, read back, give the loss recorded when it was saved.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        model: GPTModel,
+        optimizer: torch.optim.Optimizer,
+        train_config: Mapping[str, Any],
+        probe_loss: Callable[[nn.Module], float],
+        *,
+        keep: int,
+        world: distributed.World,
+        device: torch.device,
+    ) -> None:
+        self.folder = Path(folder)
+        self.model = model
+        self.optimizer = optimizer
+        self.train_config = dict(train_config)
+        self.probe_loss = probe_loss
+        self.keep = keep
+        self.world = world
+        self.device = device
+        self.main = world.rank == 0
+
+    def save(self, progress: Progress) -> None:
+        """Checkpoint, read it back, check it, and only then drop older ones.
+
+        Under torchrun rank 0 writes it, with every rank's RNG state, while the others wait.
+        """
+        rank_rngs = distributed.gather(rng_state()) if self.world.size > 1 else None
+        with forked_rng(self.device):  # nothing here may shift the training RNG
+            probe_loss = self.probe_loss(self.model)
+            if not math.isfinite(probe_loss):
+                raise FloatingPointError(
+                    f"after step {progress.steps - 1} the model's loss is {probe_loss}: the weights "
+                    "diverged; not saving them. Lower train.lr or set train.grad_clip, then rerun."
+                )
+            if not self.main:
+                distributed.barrier()
+                return
+            state = {
+                "format": STATE_FORMAT,
+                "train_config": self.train_config,
+                "progress": dataclasses.asdict(progress),
+                "optimizer": self.optimizer.state_dict(),
+                "rng": rng_state(),
+                "probe_loss": probe_loss,
+            }
+            if rank_rngs is not None:
+                state.update(world_size=self.world.size, rank_rngs=rank_rngs)
+            path = save_training_checkpoint(self.folder, progress.steps, self.model, state)
+            try:
+                self._load_checked(path)
+            except CheckpointError as exc:
+                raise CheckpointError(
+                    f"{path} does not read back as written ({exc}); is the disk full or failing?"
+                ) from exc
+        prune_checkpoints(self.folder, self.keep)
+        distributed.barrier()
+
+    def resume(self) -> Progress | None:
+        """Restore the newest checkpoint that loads and checks out; None to start afresh.
+
+        Under torchrun rank 0 picks (and tidies) and the other ranks restore its pick.
+        """
+        if not self.main:
+            path = distributed.broadcast(None)
+            return None if path is None else self._restore(path)
+        remove_partial_checkpoints(self.folder)
+        refused: list[Path] = []
+        progress, resumed_from = None, None
+        for path in reversed(list_checkpoints(self.folder)):
+            try:
+                progress, resumed_from = self._restore(path), path
+                break
+            except CheckpointError as exc:
+                print(f"warning: skipping checkpoint {path}: {exc}", file=sys.stderr)
+                refused.append(path)
+        for path in refused:  # newer than the one resumed from, and unusable: out of the way
+            shutil.rmtree(path)
+        if self.world.size > 1:
+            distributed.broadcast(resumed_from)
+        return progress
+
+    def newest(self) -> Path | None:
+        """The newest complete checkpoint, if any (for error messages)."""
+        found = list_checkpoints(self.folder)
+        return found[-1] if found else None
+
+    def _restore(self, path: Path) -> Progress:
+        weights, state = self._load_checked(path)
+        if state["train_config"] != self.train_config:
+            raise CheckpointError("it was made with different train settings")
+        if state.get("world_size", 1) != self.world.size:  # the ranks' data shares would differ
+            raise CheckpointError(
+                f"it was made by {state.get('world_size', 1)} processes, this run has {self.world.size}"
+            )
+        try:  # checks the parameter groups before changing anything
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"its optimizer state does not fit ({exc})") from exc
+        self.model.load_state_dict(weights)  # cannot fail: _load_checked built this model from them
+        set_rng_state(state["rank_rngs"][self.world.rank] if "rank_rngs" in state else state["rng"])
+        progress = Progress(**state["progress"])
+        if self.main:
+            print(f"resuming from {path} (step {progress.steps})", file=sys.stderr)
+        return progress
+
+    def _same_loss(self, a: float, b: float) -> bool:
+        # Bit-identical on CPU; GPU kernels may pick other reduction orders between calls.
+        return a == b if self.device.type == "cpu" else math.isclose(a, b, rel_tol=1e-5)
+
+    def _load_checked(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A checkpoint's weights and state, once its weights give the loss recorded at save time.
+
+        The check runs on a second model built around the loaded tensors, so the
+        model being trained is untouched if the checkpoint turns out bad.
+        """
+        weights, state = load_training_checkpoint(path)
+        if state.get("format") != STATE_FORMAT:
+            raise CheckpointError(f"unknown training state format {state.get('format')!r}")
+        with torch.device("meta"):
+            reloaded = GPTModel(self.model.cfg)
+        try:
+            reloaded.load_state_dict(weights, assign=True)
+        except RuntimeError as exc:
+            raise CheckpointError(f"its weights do not fit this model ({exc})") from exc
+        with forked_rng(self.device):
+            probe_loss = self.probe_loss(reloaded.to(self.device))
+        if not self._same_loss(probe_loss, state["probe_loss"]):
+            raise CheckpointError("its weights do not give the loss recorded at save time")
+        return weights, state
+
+
+# ---------------------------------------------------------------------- #
+# Checkpoint folders on disk
+# ---------------------------------------------------------------------- #
+
+
+def checkpoint_name(steps: int) -> str:
+    """Folder name of the checkpoint taken after `steps` optimizer steps."""
+    return f"step-{steps:07d}"
+
+
+def list_checkpoints(folder: Path | str) -> list[Path]:
+    """Complete (renamed into place) training checkpoints, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def remove_partial_checkpoints(folder: Path | str) -> None:
+    """Delete the temporary folders a killed save left behind (they were never renamed into place)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for path in folder.glob(".step-*.tmp"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def prune_checkpoints(folder: Path | str, keep: int) -> None:
+    """Delete all but the newest `keep` training checkpoints."""
+    assert keep >= 1, "at least one checkpoint must be kept"
+    for path in list_checkpoints(folder)[:-keep]:
+        shutil.rmtree(path)
+
+
+def save_training_checkpoint(
+    folder: Path | str,
+    steps: int,
+    model: GPTModel,
+    state: Mapping[str, Any],
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write weights + training state as `folder/step-XXXXXXX/`, all or nothing.
+
+    Everything goes into a temporary folder that is renamed into place last, so
+    a `kill -9` at any moment leaves either the complete checkpoint or none.
+    `state` holds only tensors and plain Python values (weights_only loading).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(steps)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
+    try:
+        save_model(model, tmp, metadata)
+        with atomic_path(tmp / STATE_FILE) as state_tmp:
+            torch.save(dict(state), state_tmp)
+        # Sizes catch truncated copies cheaply; content is checked on load by recomputing a loss.
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
+            manifest_tmp.write_text(json.dumps({"sizes": sizes}, indent=2, sort_keys=True) + "\n")
+        final = folder / name
+        if final.exists():  # from an earlier attempt at this step: move it aside, then swap
+            replaced = folder / f".{name}.replaced.tmp"
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(final, replaced)
+            os.replace(tmp, final)
+            shutil.rmtree(replaced)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(folder)
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_training_checkpoint(
+    directory: Path | str, device: torch.device | str = "cpu"
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The weights (state dict) and training state of a checkpoint; CheckpointError if damaged."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST_FILE
+    try:
+        sizes = json.loads(manifest_path.read_text(encoding="utf-8"))["sizes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path}: missing or unreadable manifest ({exc})") from exc
+    for name, size in sizes.items():
+        path = directory / name
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            raise CheckpointError(
+                f"{path}: expected {size} bytes, found {'no file' if actual is None else f'{actual} bytes'}"
+            )
+    weights_path = directory / WEIGHTS_FILE
+    try:
+        weights = load_file(str(weights_path), device=str(device))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{weights_path}: unreadable weights ({exc})") from exc
+    state_path = directory / STATE_FILE
+    try:
+        state = torch.load(state_path, map_location=device, weights_only=True)
+    # RuntimeError: a damaged zip; UnpicklingError: anything but tensors and plain values.
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{state_path}: unreadable training state ({exc})") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{state_path}: expected a dict of training state, got {type(state).__name__}")
+    return weights, state
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- #
+# Random number generators
+# ---------------------------------------------------------------------- #
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values, so torch.load(weights_only=True) reads it."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
+    random.setstate(state["python"])
+
+
+def forked_rng(device: torch.device) -> Any:
+    """A block whose use of torch's RNG (CPU and the training GPU) is undone when it ends."""
+    return torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])

@@ -1,0 +1,147 @@
+"""Typed, frozen config objects built from plain YAML data, with errors that name the key.
+
+Generic: any frozen dataclass whose fields are ints, floats, strings, bools,
+Literals, optionals, lists, dicts or other such dataclasses. Unknown keys,
+missing keys and wrong types are refused with the full key path and what was
+expected, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+from gptlab.errors import InputError
+
+T = TypeVar("T")
+
+
+class ConfigError(InputError):
+    """A config value that cannot be used; the message names the key."""
+
+
+def build(cls: type[T], data: Any, path: str) -> T:
+    """Build dataclass `cls` from a mapping, checking every key and type."""
+    where = path or "params.yaml"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        key = _join(path, name)
+        if name not in data:
+            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            if no_default:
+                raise ConfigError(f"{key}: missing key")
+            continue
+        kwargs[name] = _convert(data[name], hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        # __post_init__ messages name keys by their section ("train.lr: ..."); give the full path.
+        message, section = str(exc), path.rpartition(".")[2]
+        if section and message.startswith(f"{section}."):
+            raise ConfigError(_join(path, message[len(section) + 1 :])) from None
+        raise ConfigError(f"{path}: {message}" if path else message) from None
+
+
+def _convert(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _convert(value, option, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        expected = " or ".join(_type_name(a) for a in args)
+        raise ConfigError(f"{key}: expected {expected}, got {_describe(value)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {list(args)}, got {_describe(value)}")
+        return value
+    if origin is dict:
+        key_type, value_type = args
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {_describe(value)}")
+        return {
+            _convert(k, key_type, key): _convert(v, value_type, _join(key, str(k))) for k, v in value.items()
+        }
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {_describe(value)}")
+        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, value, key)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if annotation is float:
+        # YAML reads 5e-5 (no dot) as a string; accept it as the number it obviously is.
+        number = value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ConfigError(f"{key}: expected a float, got {_describe(value)}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite float, got {_describe(value)}")
+        return float(number)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
+        return value
+    raise AssertionError(f"{key}: config type {annotation!r} is not supported by the loader")
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Flat `section.key` view of a config, as logged to MLflow."""
+    items = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    flat: dict[str, Any] = {}
+    for name, value in items.items():
+        key = _join(prefix, str(name))
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, key))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is type(None):
+        return "null"
+    return {int: "an integer", float: "a float", str: "a string", bool: "true or false"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)

@@ -1,0 +1,41 @@
+"""The CLI's contract: help without heavy imports, one line and exit code 2 for expected failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gptlab.cli import main
+from gptlab.errors import GptlabError, InputError, describe_failure
+
+HEAVY = ("torch", "gptlab.model", "mlflow")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["metrics", "check", "--help"], ["export", "--help"]])
+def test_help_imports_no_torch(args: list[str]) -> None:
+    code = (
+        "import sys\n"
+        f"sys.argv = ['gptlab', *{args!r}]\n"
+        "from gptlab.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]", out
+
+
+def test_expected_failures_are_one_line_and_bugs_keep_their_traceback() -> None:
+    assert describe_failure(InputError("spam.lr: expected a float")) == "spam.lr: expected a float"
+    missing = FileNotFoundError(2, "No such file or directory", "reports/x.json")
+    assert describe_failure(missing) == "reports/x.json: No such file or directory"
+    assert describe_failure(KeyError("bug")) is None
+    assert issubclass(InputError, GptlabError) and issubclass(InputError, ValueError)
+
+
+def test_a_missing_file_is_exit_code_2_naming_it(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["export", str(tmp_path / "no-such-checkpoint"), str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-checkpoint" in err and "Traceback" not in err
