@@ -77,8 +77,8 @@ def run(params: Params) -> None:
         stage_run(STAGE, params.tracking.experiment, flatten(cfg, "instruct")) as tracker,
         resume_folder(STAGE, training, inputs) as run_dir,
     ):
-        torch.manual_seed(cfg.train.seed)
         model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
+        torch.manual_seed(cfg.train.seed)  # the book seeds just before training (chapter 7)
         result = fit(
             model,
             datasets["train"],

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from matplotlib.figure import Figure
 from torch import nn
 
@@ -39,7 +40,7 @@ from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
 from gptlab.tracking import StageRun, stage_run
-from gptlab.train import fit
+from gptlab.train import evaluation_loader, fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
 
@@ -72,13 +73,18 @@ def run(params: Params) -> None:
             f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
             f"{model.cfg.context_length}: use a base model with a longer context"
         )
-    # Evaluation reads every split in order; fit builds its own shuffled training loader.
+    # The final scores read every split in order; the book's scores during training read the
+    # loaders of train.rng (under `book` its shuffled training loader, drawing from the RNG).
     loaders = {split: ordered_loader(dataset, cfg.train.batch_size) for split, dataset in data.items()}
+    score_loaders = {
+        split: evaluation_loader(dataset, cfg.train.batch_size, cfg.train.rng, shuffled=split == "train")
+        for split, dataset in data.items()
+    }
     fingerprint = {"spam": flatten(cfg), "model": model.cfg.to_dict()}
     inputs = [base_dir, processed_dir / SUBDIR]
 
-    def eval_accuracy(split: str, trained: nn.Module) -> float:
-        return accuracy(trained, loaders[split], cfg.pooling, num_batches=cfg.train.eval_iter)
+    def eval_accuracy(split: str, trained: nn.Module, num_batches: int = cfg.train.eval_iter) -> float:
+        return accuracy(trained, score_loaders[split], cfg.pooling, num_batches=num_batches)
 
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
     with (
@@ -90,8 +96,11 @@ def run(params: Params) -> None:
         print(
             f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
         )
-        # As the book prints before training: accuracy of the fresh head on eval_iter batches.
-        initial = {f"{split}_accuracy": eval_accuracy(split, model) for split in SPLITS}
+        # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
+        torch.manual_seed(cfg.train.seed)
+        initial = {
+            f"{split}_accuracy": eval_accuracy(split, model, cfg.initial_eval_batches) for split in SPLITS
+        }
         tracker.log_metrics(flatten({"initial": initial}), step=0)
         print("before training: " + _percentages(initial))
 
@@ -100,6 +109,7 @@ def run(params: Params) -> None:
             print(f"epoch {epoch}: " + _percentages(scores))
             return scores
 
+        torch.manual_seed(cfg.train.seed)  # the book seeds again before the optimizer and training
         result = fit(
             model,
             data["train"],

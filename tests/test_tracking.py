@@ -100,6 +100,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         eval_freq=2,
         eval_iter=1,
         seed=1,
+        rng="per_epoch",
         grad_clip=1.0,
         warmup_steps=0,
         lr_schedule="constant",

@@ -44,6 +44,7 @@ TRAIN = TrainConfig(
     eval_freq=2,
     eval_iter=2,
     seed=7,
+    rng="per_epoch",
     grad_clip=None,
     warmup_steps=0,
     lr_schedule="constant",

@@ -80,6 +80,10 @@ class TrainConfig:
     eval_freq: int
     eval_iter: int
     seed: int
+    # book: randomness drawn exactly as the book's scripts draw it (shuffled loaders on the global
+    # RNG, the stage seeding where the chapter does); per_epoch: each epoch's order from its own
+    # generator (seed + epoch), loaders never touching the global RNG; what torchrun uses.
+    rng: Literal["book", "per_epoch"]
     # Off by default for fidelity to the book.
     grad_clip: float | None
     warmup_steps: int
@@ -245,6 +249,8 @@ class SpamConfig:
     trainable_blocks: int
     pooling: Literal["last", "mean"]
     drop_rate: float
+    # Batches of each split scored before training (the book prints them: 10).
+    initial_eval_batches: int
     train: TrainConfig
 
 

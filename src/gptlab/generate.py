@@ -1,7 +1,8 @@
 """Text generation: greedy decoding, temperature, top-k and top-p sampling, with a KV cache.
 
 This is the book's chapter 5 `generate` (top-k, then temperature, then
-`torch.multinomial` on the global RNG, so seeded samples match the book's),
+`torch.multinomial` on the global RNG, so seeded samples match the book's;
+`generate_text` seeds it inside a fork, leaving the caller's RNG untouched),
 extended with nucleus (top-p) filtering and a KV cache. The cache changes
 only the speed: greedy output is the same token for token as without it.
 No progress bars: callers generate short continuations inside their own loops.
@@ -73,17 +74,23 @@ def generate(
 def generate_text(
     model: GPTModel, tokenizer: tiktoken.Encoding, sample: SampleConfig, *, eos_id: int | None = None
 ) -> str:
-    """The prompt plus its continuation, seeded with `sample.seed` so reruns give the same text."""
-    torch.manual_seed(sample.seed)
-    ids = text_to_token_ids(sample.prompt, tokenizer)  # (1, t)
-    out = generate(
-        model,
-        ids,
-        sample.max_new_tokens,
-        temperature=sample.temperature,
-        top_k=sample.top_k,
-        eos_id=eos_id,
-    )
+    """The prompt plus its continuation, seeded with `sample.seed` so reruns give the same text.
+
+    The seed is set inside a fork of the RNG, so the caller's random state (a
+    training run's dropout masks and data order) is the same afterwards.
+    """
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(sample.seed)
+        ids = text_to_token_ids(sample.prompt, tokenizer)  # (1, t)
+        out = generate(
+            model,
+            ids,
+            sample.max_new_tokens,
+            temperature=sample.temperature,
+            top_k=sample.top_k,
+            eos_id=eos_id,
+        )
     return token_ids_to_text(out, tokenizer)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 import torch
@@ -42,6 +42,8 @@ def average_loss(
     Like the book's calc_loss_loader it averages per-batch means, and it leaves
     the model's train/eval mode to the caller. Batches go to the model's device.
     """
+    if isinstance(loader, Sized) and len(loader) == 0:
+        return math.nan  # as the book: an empty loader is not even iterated (no RNG draw)
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for batch in loader:

@@ -5,9 +5,14 @@ reuse with another loss: AdamW, an evaluation on a few batches every
 `eval_freq` steps, tokens (or examples) seen, and a callback after each epoch
 (the book's sample or accuracy). On top of it:
 
-- determinism: the data order of epoch e is a permutation drawn from its own
-  generator seeded with `seed + e`, loaders never touch the global RNG, and
-  the global RNG (dropout) is seeded at the start and saved in checkpoints;
+- two ways to draw randomness (`train.rng`). `book` (the default) draws it
+  exactly as the book's scripts do: a shuffled training loader and a
+  validation loader without generators, so every pass over them (training
+  epochs, evaluations, the chapter 6 accuracies) draws from the global RNG,
+  which the stage seeds where the chapter does; same params, same numbers as
+  the book's own code on the same machine. `per_epoch` draws the order of
+  epoch e from its own generator seeded with `seed + e`, evaluates in data
+  order, and seeds the global RNG (dropout) itself: the scheme torchrun uses;
 - exact resume: every `checkpoint_every` steps and at each epoch end the
   training state is saved (gptlab.train_state); a rerun continues from the
   newest valid checkpoint and ends with the same numbers;
@@ -19,11 +24,12 @@ reuse with another loss: AdamW, an evaluation on a few batches every
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,7 @@ from gptlab.losses import LossFn, average_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import autocast, ordered_loader, resolve_device, to_device
 from gptlab.tracking import NULL_RUN, StageRun
-from gptlab.train_state import Checkpointer, Progress, forked_rng, seed_everything
+from gptlab.train_state import Checkpointer, Progress, forked_rng, rng_state, seed_everything, set_rng_state
 
 SeenFn = Callable[[Any], int]
 EpochEndFn = Callable[[int, nn.Module], Mapping[str, float | str]]
@@ -138,10 +144,16 @@ def fit(
         m.train(was_training)
         return loss
 
-    train_eval = ordered_loader(train_data, cfg.batch_size, collate_fn)
-    val_eval = ordered_loader(val_data, cfg.batch_size, collate_fn)
+    protocol = cfg.rng if world.size == 1 else "per_epoch"  # the book's draws assume one process
+    if protocol != cfg.rng and main:
+        print(
+            f"train.rng: {cfg.rng} needs one process; {world.size} processes use per_epoch", file=sys.stderr
+        )
+    train_eval = evaluation_loader(train_data, cfg.batch_size, protocol, shuffled=True, collate_fn=collate_fn)
+    val_eval = evaluation_loader(val_data, cfg.batch_size, protocol, shuffled=False, collate_fn=collate_fn)
     # A fixed batch whose loss proves a checkpoint holds exactly the weights in memory.
-    probe = to_device(next(iter(val_eval if len(val_data) else train_eval)), device)  # type: ignore[arg-type]
+    probe_data = val_data if len(val_data) else train_data  # type: ignore[arg-type]
+    probe = to_device(next(iter(ordered_loader(probe_data, cfg.batch_size, collate_fn))), device)
     checkpointer = Checkpointer(
         run_dir,
         model,
@@ -156,7 +168,8 @@ def fit(
     progress = checkpointer.resume()
     if progress is None:
         progress = Progress()
-        seed_everything(cfg.seed + world.rank)  # other dropout masks on each rank
+        if protocol == "per_epoch":  # under `book` the stage has seeded where the chapter does
+            seed_everything(cfg.seed + world.rank)  # other dropout masks on each rank
     else:
         tracker.set_tags({"gptlab.resumed_from_step": progress.steps})
         tracker.log_history(progress.history)
@@ -173,16 +186,21 @@ def fit(
     started = time.perf_counter()
     model.train()
     while progress.steps < total_steps:
-        order = rank_order(epoch_order(len(train_data), cfg.seed, progress.epoch), cfg.batch_size, world)  # type: ignore[arg-type]
-        loader = DataLoader(
-            train_data,
-            batch_size=cfg.batch_size,
-            sampler=order[progress.batch * cfg.batch_size :],  # skip what a resumed run already did
-            drop_last=True,
-            collate_fn=collate_fn,
-            generator=torch.Generator(),
-        )
-        for batch in loader:
+        if protocol == "book":
+            batches = _book_epoch(train_eval, progress)
+        else:
+            order = rank_order(epoch_order(len(train_data), cfg.seed, progress.epoch), cfg.batch_size, world)  # type: ignore[arg-type]
+            batches = iter(
+                DataLoader(
+                    train_data,
+                    batch_size=cfg.batch_size,
+                    sampler=order[progress.batch * cfg.batch_size :],  # skip what a resumed run already did
+                    drop_last=True,
+                    collate_fn=collate_fn,
+                    generator=torch.Generator(),
+                )
+            )
+        for batch in batches:
             step = progress.steps  # the book's global_step of this update
             lr = learning_rate(step, cfg, total_steps)
             for group in optimizer.param_groups:
@@ -230,7 +248,9 @@ def fit(
             if epoch_done or finished:
                 extra: Mapping[str, float | str] = {}
                 if on_epoch_end is not None and main:
-                    with forked_rng(device):
+                    # The book's end-of-epoch evaluation draws from the RNG like the rest of its
+                    # loop; under per_epoch the callback must not shift the training run.
+                    with forked_rng(device) if protocol == "per_epoch" else contextlib.nullcontext():
                         extra = on_epoch_end(progress.epoch + 1, model)
                     model.train()
                 epoch_row = {"epoch": progress.epoch + 1, "step": step, **extra}
@@ -254,6 +274,49 @@ def fit(
         wall_seconds=wall,
         seen_per_second=(progress.seen - start_seen) / wall if wall > 0 else 0.0,
     )
+
+
+def evaluation_loader(
+    dataset: Dataset,
+    batch_size: int,
+    protocol: str,
+    *,
+    shuffled: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader:
+    """What evaluation (and the stages' per-epoch scores) read of a split under `train.rng`.
+
+    book: the book's own loaders, with no generator, so each pass draws from the
+    global RNG as the book's do: the training split shuffled with drop_last (the
+    very loader it trains on), the others in order. per_epoch: in data order,
+    on a private generator.
+    """
+    if protocol == "book":
+        return DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffled, drop_last=shuffled, collate_fn=collate_fn
+        )
+    return ordered_loader(dataset, batch_size, collate_fn)
+
+
+def _book_epoch(train_loader: DataLoader, progress: Progress) -> Iterator[Any]:
+    """This epoch's batches from the book's shuffled loader, replayed up to where a resumed run stopped.
+
+    Iterating the loader draws its order from the global RNG, so the RNG state
+    as the epoch began is kept; a run resumed mid-epoch restores it, draws the
+    same order, skips the batches already trained on, and goes on from the
+    RNG state saved at its last step.
+    """
+    if progress.batch == 0:
+        progress.epoch_rng = rng_state()
+        return iter(train_loader)
+    assert progress.epoch_rng is not None, "a checkpoint taken mid-epoch keeps the epoch's RNG state"
+    at_step = rng_state()
+    set_rng_state(progress.epoch_rng)
+    batches = iter(train_loader)
+    for _ in range(progress.batch):
+        next(batches)
+    set_rng_state(at_step)
+    return batches
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int) -> float:

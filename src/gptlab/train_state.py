@@ -69,6 +69,8 @@ class Progress:
     seen: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
+    # rng: book: the RNG state as the epoch in progress began, to replay its data order on resume.
+    epoch_rng: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------- #

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.config import load_params
     from gptlab.paths import INSTRUCT_MODEL
     from gptlab.responses import generate_response
-    from gptlab.tokenizer import load_tokenizer
     from gptlab.runtime import resolve_device
+    from gptlab.tokenizer import load_tokenizer
 
     model_dir = args.model if args.model is not None else INSTRUCT_MODEL
     if not (model_dir / CONFIG_FILE).is_file():

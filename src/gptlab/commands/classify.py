@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.classifier import classify_texts
     from gptlab.config import load_params
     from gptlab.paths import SPAM_MODEL
-    from gptlab.tokenizer import load_tokenizer
     from gptlab.runtime import resolve_device
+    from gptlab.tokenizer import load_tokenizer
 
     model_dir: Path = args.model if args.model is not None else SPAM_MODEL
     if not (model_dir / CONFIG_FILE).is_file():
