@@ -94,16 +94,19 @@ def fetch_test_inputs(sources: Sources, cache: Path, mirror: Path | None) -> Pat
             fetch_input(pin, cache, mirror)
         except (FetchError, OSError) as exc:
             reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-            if mirror is None:
-                reason += f"; {MIRROR_ENV} is not set"
-            elif not (mirror / pin.path).is_file():
-                reason += f"; {MIRROR_ENV}={mirror} has no {pin.path}"
-            pytest.fail(
-                f"test input {pin.path} ({pin.key}, {pin.url}) is missing: {reason}. "
-                f"Without internet, set {MIRROR_ENV} to a folder holding each pinned file at its path "
-                f"(here {pin.path}), e.g. one written by `gptlab mirror DIR` on a machine with internet.",
-                pytrace=False,
-            )
+        else:
+            continue
+        if mirror is None:
+            reason += f"; {MIRROR_ENV} is not set"
+        elif not (mirror / pin.path).is_file():
+            reason += f"; {MIRROR_ENV}={mirror} has no {pin.path}"
+        # Outside the except clause: the report is this one line, with no chained traceback.
+        pytest.fail(
+            f"test input {pin.path} ({pin.key}, {pin.url}) is missing: {reason}. "
+            f"Without internet, set {MIRROR_ENV} to a folder holding each pinned file at its path "
+            f"(here {pin.path}), e.g. one written by `gptlab mirror DIR` on a machine with internet.",
+            pytrace=False,
+        )
     return cache
 
 
