@@ -2,6 +2,7 @@
 
 Each file comes from data.raw_dir if already there with the right hash, else
 from the mirror folder named by GPTLAB_MIRROR, else from its URL.
+Offline: set GPTLAB_MIRROR to a folder of the pinned files (`gptlab mirror DIR` writes one).
 """
 
 from __future__ import annotations

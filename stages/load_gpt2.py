@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
-from gptlab.config import HFWeights, Params
+from gptlab.config import Params
 from gptlab.datasets.verdict import GPTDatasetV1, load_split
 from gptlab.errors import InputError
 from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
 from gptlab.files import write_json
 from gptlab.generate import generate_text
 from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
+from gptlab.inputs import WEIGHTS_SUBDIR, weights_url
 from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
@@ -41,17 +42,11 @@ from gptlab.tracking import stage_run
 from gptlab.typed_config import ConfigError, flatten
 
 REPORT_DIR = REPORTS / "load-gpt2"
-# Where weights files lie inside a mirror folder: gpt2-weights/<name>/<filename>.
-MIRROR_SUBDIR = "gpt2-weights"
 
 
 def base_model_names(params: Params) -> list[str]:
     """The distinct base models the fine-tune stages ask for, in a stable order."""
     return sorted({params.spam.base_model, params.instruct.base_model})
-
-
-def weights_url(pin: HFWeights) -> str:
-    return f"https://huggingface.co/{pin.repo_id}/resolve/{pin.revision}/{pin.filename}"
 
 
 def obtain_weights(name: str, params: Params) -> Path:
@@ -68,7 +63,7 @@ def obtain_weights(name: str, params: Params) -> Path:
             Path(params.gpt2.download_dir) / name / pin.filename,
             url=weights_url(pin),
             sha256=pin.sha256,
-            mirror_file=mirror / MIRROR_SUBDIR / name / pin.filename if mirror else None,
+            mirror_file=mirror / WEIGHTS_SUBDIR / name / pin.filename if mirror else None,
             size=pin.size,
         )
     except FetchError as exc:

@@ -1,25 +1,22 @@
-"""Shared fixtures: the data mirror, the tokenizer, and a throwaway MLflow store per test."""
+"""Shared fixtures: the pipeline's inputs, the tokenizer, and a throwaway MLflow store per test."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT_ROOT
-
-
-def mirror_dir() -> Path:
-    """The byte-identical mirror of the pipeline's inputs (GPTLAB_MIRROR, else ../shared/data)."""
-    return Path(os.environ.get("GPTLAB_MIRROR") or PROJECT_ROOT.parent / "shared" / "data").resolve()
+from helpers import cache_dir, inputs_dir
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    path = mirror_dir()
-    assert (path / "the-verdict.txt").is_file(), f"data mirror not found at {path}; set GPTLAB_MIRROR"
-    return path
+    """A folder holding every input params.yaml pins, each at its `path` (laid out like a mirror).
+
+    Fetched on first use into the per-user cache (GPTLAB_CACHE_DIR): from GPTLAB_MIRROR if set,
+    else from the pinned URLs, sha256-verified. Only tests that request it need network or a mirror.
+    """
+    return inputs_dir()
 
 
 @pytest.fixture(scope="session")
@@ -39,5 +36,6 @@ def isolated_tools(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path_factory.mktemp("dvc-site")))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("GPTLAB_MIRROR", str(mirror_dir()))
+    # The stages a test runs find their inputs in the tests' cache (filled by `shared_data`).
+    monkeypatch.setenv("GPTLAB_MIRROR", str(cache_dir()))
     return uri

@@ -1,15 +1,137 @@
-"""Helpers shared by the end-to-end tests: the project's root, a copy of its code, and git/dvc runs."""
+"""Helpers shared by the tests: the project's root and committed params, the test inputs, git/dvc runs."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gptlab.config import Params, Sources, load_params
+from gptlab.fetch import MIRROR_ENV, FetchError, mirror_dir
+from gptlab.inputs import data_inputs, fetch_input
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Where the tests keep the pipeline's inputs between runs (default: the platform's per-user cache).
+CACHE_ENV = "GPTLAB_CACHE_DIR"
+# The user's mirror, read before any fixture points GPTLAB_MIRROR at the cache.
+USER_MIRROR = mirror_dir()
+
+
+@functools.cache
+def committed_params_text() -> str:
+    """params.yaml as committed (HEAD) when the project is a git checkout, else the file itself.
+
+    Tests read the defaults from here, so a user who edits params.yaml can still run them.
+    """
+    try:
+        shown = subprocess.run(
+            ["git", "show", "HEAD:./params.yaml"], cwd=PROJECT_ROOT, capture_output=True, text=True
+        )
+    except OSError:  # no git at all
+        shown = None
+    if shown is not None and shown.returncode == 0:
+        return shown.stdout
+    return (PROJECT_ROOT / "params.yaml").read_text(encoding="utf-8")
+
+
+def committed_params_raw() -> dict[str, Any]:
+    """The committed params.yaml as plain data (a fresh copy: callers may edit it)."""
+    return copy.deepcopy(_committed_raw())
+
+
+@functools.cache
+def _committed_raw() -> dict[str, Any]:
+    return yaml.safe_load(committed_params_text())
+
+
+@functools.cache
+def committed_params() -> Params:
+    """The committed params.yaml, validated into its typed config (frozen, so shared)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "params.yaml"
+        path.write_text(committed_params_text(), encoding="utf-8")
+        return load_params(path)
+
+
+def write_committed_params(project: Path) -> Path:
+    """The committed params.yaml written into `project` (byte for byte); returns its path."""
+    path = project / "params.yaml"
+    path.write_text(committed_params_text(), encoding="utf-8")
+    return path
+
+
+def cache_dir() -> Path:
+    """$GPTLAB_CACHE_DIR, else the platform's per-user cache folder for gptlab."""
+    if value := os.environ.get(CACHE_ENV):
+        return Path(value).expanduser()
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "gptlab"
+    return Path(user_cache_dir("gptlab"))
+
+
+def fetch_test_inputs(sources: Sources, cache: Path, mirror: Path | None) -> Path:
+    """Every file of `sources` verified in `cache` (laid out like a mirror); returns `cache`.
+
+    The pipeline's own fetch: kept when already there with the right sha256, else
+    copied from `mirror`, else downloaded from its URL. When a file cannot be had,
+    the calling test fails with one line naming the file, its URL and GPTLAB_MIRROR.
+    """
+    for pin in data_inputs(sources):
+        try:
+            fetch_input(pin, cache, mirror)
+        except (FetchError, OSError) as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        else:
+            continue
+        if mirror is None:
+            reason += f"; {MIRROR_ENV} is not set"
+        elif not (mirror / pin.path).is_file():
+            reason += f"; {MIRROR_ENV}={mirror} has no {pin.path}"
+        # Outside the except clause: the report is this one line, with no chained traceback.
+        pytest.fail(
+            f"test input {pin.path} ({pin.key}, {pin.url}) is missing: {reason}. "
+            f"Without internet, set {MIRROR_ENV} to a folder holding each pinned file at its path "
+            f"(here {pin.path}), e.g. one written by `gptlab mirror DIR` on a machine with internet.",
+            pytrace=False,
+        )
+    return cache
+
+
+_failure: list[str] = []
+
+
+def inputs_dir() -> Path:
+    """The pipeline's inputs for the tests, fetched once into the per-user cache (see fetch_test_inputs).
+
+    Call it (or request the `shared_data` fixture) only where a test needs inputs: tests that need
+    none must run without network or mirror. A failure is remembered, so each later test that needs
+    inputs fails at once with the same line instead of trying again.
+    """
+    if _failure:
+        pytest.fail(_failure[0], pytrace=False)
+    try:
+        return _fetch_once()
+    except pytest.fail.Exception as exc:
+        _failure.append(exc.msg)
+        raise
+
+
+@functools.cache
+def _fetch_once() -> Path:
+    return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
 
 
 def copy_code(dest: Path) -> None:

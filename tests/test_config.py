@@ -18,16 +18,15 @@ from gptlab.architecture import ModelConfig
 from gptlab.config import Params, SourceFile, load_params
 from gptlab.typed_config import ConfigError, flatten
 
-from helpers import PROJECT_ROOT
+from helpers import PROJECT_ROOT, committed_params, committed_params_raw
 
-PARAMS = PROJECT_ROOT / "params.yaml"
 DVC_STAGES = ["download", "tokenize", "pretrain", "eval", "load-gpt2", "spam-finetune", "instruct-finetune"]
 DELETE = object()
 
 
 @pytest.fixture(scope="module")
 def raw() -> dict[str, Any]:
-    return yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
+    return committed_params_raw()
 
 
 def edited(raw: dict[str, Any], tmp_path: Path, key: str, value: Any) -> Path:
@@ -53,7 +52,7 @@ def refusal(raw: dict[str, Any], tmp_path: Path, key: str, value: Any) -> str:
 
 
 def test_repo_params_load_with_their_values(raw: dict[str, Any]) -> None:
-    params = load_params(PARAMS)
+    params = committed_params()
     assert isinstance(params, Params)
     assert params.pretrain.train.lr == raw["pretrain"]["train"]["lr"]
     assert params.spam.train.lr == float(raw["spam"]["train"]["lr"])  # 5e-05: YAML reads it as a string
@@ -180,7 +179,7 @@ def test_unreadable_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_flatten_gives_dotted_keys(raw: dict[str, Any]) -> None:
-    params = load_params(PARAMS)
+    params = committed_params()
     flat = flatten(params.pretrain, "pretrain")
     assert flat["pretrain.train.lr"] == raw["pretrain"]["train"]["lr"]
     assert flat["pretrain.model.preset"] == raw["pretrain"]["model"]["preset"]

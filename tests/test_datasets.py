@@ -15,16 +15,16 @@ import tiktoken
 import torch
 from torch.utils.data import DataLoader
 
-from gptlab.config import Params, load_params
+from gptlab.config import Params
 from gptlab.datasets import spam, verdict
 from gptlab.tokenizer import END_OF_TEXT_ID
 from stages import tokenize_data as tokenize_stage
 
-from helpers import PROJECT_ROOT
+from helpers import committed_params
 
 
 def stage_params(raw_dir: Path, processed_dir: Path) -> Params:
-    params = load_params(PROJECT_ROOT / "params.yaml")
+    params = committed_params()
     data = dataclasses.replace(params.data, raw_dir=str(raw_dir), processed_dir=str(processed_dir))
     return dataclasses.replace(params, data=data)
 

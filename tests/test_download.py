@@ -22,7 +22,7 @@ from gptlab.config import SourceFile, load_params
 from gptlab.fetch import FetchError, fetch, sha256_file
 from stages.download import run
 
-from helpers import PROJECT_ROOT
+from helpers import PROJECT_ROOT, committed_params, committed_params_raw
 
 # Nothing listens here: a test that reaches this URL fails, proving no download happened.
 UNREACHABLE = "http://127.0.0.1:9/never-fetched"
@@ -30,8 +30,8 @@ UNREACHABLE = "http://127.0.0.1:9/never-fetched"
 
 @pytest.fixture(scope="module")
 def sources() -> dict[str, SourceFile]:
-    """The pins of the real params.yaml."""
-    pinned = load_params(PROJECT_ROOT / "params.yaml").data.sources
+    """The pins of the committed params.yaml."""
+    pinned = committed_params().data.sources
     return {name: getattr(pinned, name) for name in vars(pinned)}
 
 
@@ -226,8 +226,8 @@ def test_http_error_names_the_url(server, tmp_path: Path) -> None:
 
 
 def _project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temp project dir holding the real params.yaml with raw_dir moved; cwd is set to it."""
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    """A temp project dir holding the committed params.yaml with raw_dir moved; cwd is set to it."""
+    params = committed_params_raw()
     params["data"]["raw_dir"] = "inputs/raw"
     project = tmp_path / "project"
     project.mkdir()

@@ -14,7 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, dvc, git
+from helpers import PROJECT_ROOT, dvc, git, write_committed_params
 
 # Pipeline outputs: a fresh clone has none of these.
 OUTPUT_DIRS = ("data/", "models/", "reports/")
@@ -23,7 +23,10 @@ REPORT = "reports/tokenize/metrics.json"
 
 
 def copy_project(dest: Path) -> None:
-    """What a fresh clone would hold: tracked files plus new, not ignored ones; no pipeline outputs."""
+    """What a fresh clone would hold: tracked files plus new, not ignored ones; no pipeline outputs.
+
+    params.yaml is the committed one, so the checks below hold whatever the working tree's says.
+    """
     listing = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=PROJECT_ROOT,
@@ -36,6 +39,7 @@ def copy_project(dest: Path) -> None:
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
+    write_committed_params(dest)
 
 
 def snapshot(project: Path) -> dict[str, tuple[str, int]]:

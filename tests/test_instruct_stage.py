@@ -29,7 +29,7 @@ from gptlab.stage import stage_main
 from gptlab.tokenizer import load_tokenizer
 from stages.instruct_finetune import run
 
-from helpers import PROJECT_ROOT
+from helpers import PROJECT_ROOT, committed_params_raw
 
 STAGE_SCRIPT = PROJECT_ROOT / "stages" / "instruct_finetune.py"
 RECORDS = 4  # per split
@@ -78,8 +78,8 @@ def judge() -> Iterator[ScriptedJudge]:
 
 
 def write_params(project: Path, shared_data: Path, **judge: Any) -> None:
-    """The real params.yaml shrunk to a tiny, fast run; raw data read straight from the mirror."""
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    """The committed params.yaml shrunk to a tiny, fast run; raw data read straight from the test inputs."""
+    params = committed_params_raw()
     params["data"]["raw_dir"] = str(shared_data)
     params["tokenize"]["instruct"]["max_records"] = RECORDS
     instruct = params["instruct"]

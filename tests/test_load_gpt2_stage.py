@@ -30,7 +30,7 @@ from gptlab.runtime import ordered_loader
 from gptlab.typed_config import ConfigError
 from stages.load_gpt2 import run
 
-from helpers import PROJECT_ROOT
+from helpers import PROJECT_ROOT, committed_params_raw
 
 NAMES = ("gpt2-medium", "gpt2-small")
 MAX_LENGTH, STRIDE, BATCH = 32, 256, 2
@@ -54,8 +54,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path, 
     train, val = split_text((shared_data / "the-verdict.txt").read_text(encoding="utf-8"), 0.9)
     save_split("data/processed", "train", encode(train, tokenizer))
     save_split("data/processed", "val", encode(val, tokenizer))
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text(encoding="utf-8"))
-    params["data"]["raw_dir"] = str(shared_data)  # the mirror holds gpt2/vocab.bpe and gpt2/encoder.json
+    params = committed_params_raw()
+    params["data"]["raw_dir"] = str(shared_data)  # the test inputs hold gpt2/vocab.bpe and gpt2/encoder.json
     params["pretrain"]["data"] = {"max_length": MAX_LENGTH, "stride": STRIDE}
     params["gpt2"]["batch_size"] = BATCH
     params["gpt2"]["sample"]["max_new_tokens"] = 5

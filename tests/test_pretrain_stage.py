@@ -24,7 +24,7 @@ from gptlab.typed_config import ConfigError
 from stages import pretrain as pretrain_stage
 
 import helpers
-from helpers import PROJECT_ROOT, copy_code, git
+from helpers import committed_params_raw, copy_code, git
 
 OUTPUTS = (
     "reports/pretrain/metrics.json",
@@ -36,8 +36,8 @@ OUTPUTS = (
 
 
 def tiny_params(project: Path) -> None:
-    """The real params.yaml shrunk: 2 epochs x 12 steps of a 2-layer model, and few spam/instruct rows."""
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    """The committed params.yaml shrunk: 2 epochs x 12 steps of a 2-layer model, and few spam/instruct rows."""
+    params = committed_params_raw()
     params["tokenize"]["spam"]["max_rows"] = 20
     params["tokenize"]["instruct"]["max_records"] = 5
     pretrain = params["pretrain"]

@@ -28,7 +28,7 @@ from gptlab.datasets import spam
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer
 
-from helpers import PROJECT_ROOT, copy_code, dvc, git
+from helpers import committed_params_raw, copy_code, dvc, git
 
 ROWS = 32  # per split: 4 training batches of 8
 EPOCHS = 4
@@ -37,8 +37,8 @@ SPAM_PLOTS = ("losses.csv", "accuracy.csv", "predictions.csv", "confusion_matrix
 
 
 def write_params(project: Path) -> None:
-    """The real params.yaml, shrunk to a run of seconds that still learns something."""
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    """The committed params.yaml, shrunk to a run of seconds that still learns something."""
+    params = committed_params_raw()
     params["tokenize"]["spam"]["max_rows"] = ROWS
     # A tiny random model learns from scratch: train all of it, faster, without dropout.
     params["spam"].update(trainable="all", drop_rate=0.0)

@@ -21,6 +21,8 @@ from gptlab.tokenizer import (
     token_ids_to_text,
 )
 
+from helpers import committed_params_text
+
 # Where tiktoken's own "gpt2" encoding fetches its files; it caches them under the SHA-1 of the URL.
 VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
 ENCODER_JSON_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json"
@@ -87,7 +89,7 @@ def test_offline_build_equals_tiktoken_gpt2(
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "gpt2").mkdir()
-    shutil.copy(Path(__file__).resolve().parents[1] / "params.yaml", tmp_path / "gpt2" / "vocab.bpe")
+    (tmp_path / "gpt2" / "vocab.bpe").write_text(committed_params_text())  # any file but a vocabulary
     with pytest.raises(FileNotFoundError, match=r"encoder\.json"):
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"vocab\.bpe"):

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
 from gptlab.architecture import ModelConfig
-from gptlab.config import TrainConfig, load_params
+from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
@@ -18,7 +18,7 @@ from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
-from helpers import PROJECT_ROOT
+from helpers import committed_params
 
 
 def client() -> MlflowClient:
@@ -41,7 +41,7 @@ def test_tracking_uri_defaults_to_sqlite_in_the_project(
 def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "repro-42")
     monkeypatch.setenv("DVC_EXP_NAME", "tiny-lr")
-    params = flatten(load_params(PROJECT_ROOT / "params.yaml").pretrain, "pretrain")
+    params = flatten(committed_params().pretrain, "pretrain")
     with stage_run("pretrain", "exp-a", params) as run:
         run.log_metrics({"val_loss": 6.5}, step=3)
     with pytest.raises(RuntimeError, match="boom"), stage_run("eval", "exp-a", {"eval.batch_size": 2}):

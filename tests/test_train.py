@@ -30,7 +30,7 @@ from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
 from gptlab.train import count_tokens, epoch_order, fit, learning_rate
 
-from conftest import mirror_dir
+from helpers import inputs_dir
 
 TESTS_DIR = Path(__file__).resolve().parent
 CONTEXT = 16
@@ -60,7 +60,8 @@ TRAIN = TrainConfig(
 
 def verdict_data() -> tuple[GPTDatasetV1, GPTDatasetV1]:
     """26 training and 4 validation windows of The Verdict's first tokens."""
-    ids = load_tokenizer(mirror_dir()).encode((mirror_dir() / "the-verdict.txt").read_text(encoding="utf-8"))
+    inputs = inputs_dir()  # fetched on first use; the tests that need no inputs never call this
+    ids = load_tokenizer(inputs).encode((inputs / "the-verdict.txt").read_text(encoding="utf-8"))
     return GPTDatasetV1(ids[: 26 * CONTEXT + 1], CONTEXT, CONTEXT), GPTDatasetV1(
         ids[1000 : 1000 + 4 * CONTEXT + 1], CONTEXT, CONTEXT
     )

@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
     "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
     "metrics": ("gptlab.commands.metrics", "compare reports/ with the metrics baseline, or update it"),
+    "mirror": (
+        "gptlab.commands.mirror",
+        "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
+    ),
 }
 
 

@@ -1,7 +1,8 @@
 """Fetch pinned external files: verified by sha256, written atomically, offline-friendly.
 
 Each file is resolved in this order: already at its destination with the right
-hash -> a mirror folder (GPTLAB_MIRROR, laid out like ../shared/data) -> its URL.
+hash -> a mirror folder (GPTLAB_MIRROR: each file at its pinned path under it,
+as `gptlab mirror DIR` writes one) -> its URL.
 Bytes are hashed while they are copied into a temporary file beside the
 destination, and only a verified file is renamed into place, so a failure
 never leaves a partial or unverified file behind.
@@ -188,9 +189,10 @@ class _Pin:
             f"  at destination:  {at_dest}",
             f"  expected sha256: {self.sha256}{expected_size}",
             f"  actual sha256:   {actual or 'none (nothing complete to hash)'}",
-            f"To supply it offline, set {MIRROR_ENV} to a folder laid out like ../shared/data"
-            + (f" (this file at {self.mirror_file})" if self.mirror_file else "")
-            + f", or put the file with that sha256 at {self.dest}.",
+            f"To supply it offline, set {MIRROR_ENV} to a folder of the pinned files"
+            + (f" (this one at {self.mirror_file})" if self.mirror_file else "")
+            + " such as `gptlab mirror DIR` writes on a machine with internet,"
+            + f" or put the file with that sha256 at {self.dest}.",
         ]
         return FetchError("\n".join(lines))
 
