@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
     "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
     "metrics": ("gptlab.commands.metrics", "compare reports/ with the metrics baseline, or update it"),
+    "report": ("gptlab.commands.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
 }
 
 
