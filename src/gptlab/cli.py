@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gptlab.commands.mirror",
         "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
     ),
+    "report": ("gptlab.commands.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
 }
 
 

@@ -1,0 +1,38 @@
+"""`gptlab report`: the book's printed figures beside this run's, written to reports/REPRODUCTION.md."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gptlab.paths import REPORTS
+from gptlab.reproduction import BOOK_FILE, NOT_RUN, OFF, OK, write_report  # light: torch only when needed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reports",
+        type=Path,
+        default=REPORTS,
+        help="folder holding the run's <stage>/ reports (default: %(default)s; "
+        "the smoke profile writes .gptlab/smoke/reports)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the report (default: <reports>/REPRODUCTION.md)",
+    )
+    parser.add_argument(
+        "--book", type=Path, default=BOOK_FILE, help="the book's figures (default: %(default)s)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out, outcomes = write_report(args.out, book_path=args.book, reports_dir=args.reports)
+    counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
+    print(
+        f"{out}: {counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run of {len(outcomes)} "
+        "figures from the book"
+    )
+    return 0

@@ -1,0 +1,219 @@
+"""The reproduction report: the book's figures file, the comparison with a reports folder, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gptlab.cli import main
+from gptlab.errors import GptlabError
+from gptlab.reproduction import (
+    LIVE,
+    NOT_RUN,
+    OFF,
+    OK,
+    RunInfo,
+    compare,
+    load_book,
+    render_markdown,
+    write_report,
+)
+
+from helpers import PROJECT_ROOT
+
+BOOK = PROJECT_ROOT / "reproduction" / "book.yaml"
+
+
+def write_yaml(path: Path, data: object) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def figure(id: str, **fields: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "id": id,
+        "chapter": 5,
+        "description": f"figure {id}",
+        "where": "ch. 5, section 5.1.3 printout",
+        "book": "10.987",
+        "tolerance": {"abs": 0.001, "reason": "printed to 3 decimals"},
+        "ours": {"file": "pretrain/metrics.json", "key": "initial_train_loss"},
+    }
+    row.update(fields)
+    return row
+
+
+def small_book(path: Path, *figures: dict[str, object]) -> Path:
+    return write_yaml(path, {"chapters": {5: "Pretraining on unlabeled data"}, "figures": list(figures)})
+
+
+@pytest.fixture
+def reports(tmp_path: Path) -> Path:
+    """A fake reports folder: pretrain metrics and losses, and a project that used gpt2.source pretrain."""
+    folder = tmp_path / "project" / "reports"
+    (folder / "pretrain").mkdir(parents=True)
+    (folder / "pretrain" / "metrics.json").write_text(
+        json.dumps({"initial_train_loss": 10.9874, "initial_val_loss": 11.5, "nested": {"a": 2, "b": 3}}),
+        encoding="utf-8",
+    )
+    (folder / "pretrain" / "losses.csv").write_text(
+        "step,tokens_seen,train_loss,val_loss\n0,512,9.7812,9.933\n85,46080,0.3912,6.452\n", encoding="utf-8"
+    )
+    write_yaml(tmp_path / "project" / "params.yaml", {"gpt2": {"source": "pretrain"}})
+    return folder
+
+
+def test_book_file_loads_and_every_row_is_well_formed() -> None:
+    book = load_book(BOOK)
+    ids = [f.id for f in book.figures]
+    assert len(ids) == len(set(ids))
+    assert {f.chapter for f in book.figures} == {2, 4, 5, 6, 7}
+    for f in book.figures:
+        assert f.where.startswith(f"ch. {f.chapter}"), f.id
+        assert f.tolerance.reason, f.id
+        assert f.ours is not None or f.needs, f.id
+    by_id = {f.id: f for f in book.figures}
+    # A few figures the issue names, as the book prints them.
+    assert by_id["ch2-verdict-characters"].book == 20_479
+    assert by_id["ch4-params-untied"].book == 163_009_536
+    assert by_id["ch5-initial-val-loss"].book == 10.98111
+    assert by_id["ch6-final-test-accuracy"].book == 95.67
+    assert [by_id[f"ch7-split-{s}"].book for s in ("train", "val", "test")] == [935, 55, 110]
+    assert by_id["ch6-initial-val-accuracy"].book_text == "45.00"
+
+
+def test_matching_value_is_ok_outside_tolerance_is_off_missing_file_is_not_run(
+    tmp_path: Path, reports: Path
+) -> None:
+    book = load_book(
+        small_book(
+            tmp_path / "book.yaml",
+            figure("match"),  # 10.9874 against 10.987 ± 0.001
+            figure(
+                "csv-match",
+                book="0.391",
+                ours={"file": "pretrain/losses.csv", "row": {"step": 85}, "column": "train_loss"},
+            ),
+            figure("off", book="10.5", ours={"file": "pretrain/metrics.json", "key": "initial_val_loss"}),
+            figure(
+                "summed",
+                book="5",
+                tolerance={"abs": 0, "reason": "counts"},
+                ours={"file": "pretrain/metrics.json", "key": ["nested.a", "nested.b"]},
+            ),
+            figure("no-file", ours={"file": "spam/metrics.json", "key": "test.accuracy", "scale": 100}),
+            figure("no-key", ours={"file": "pretrain/metrics.json", "key": "final_train_loss"}),
+            figure("no-row", ours={"file": "pretrain/losses.csv", "row": {"step": 90}, "column": "val_loss"}),
+            figure("openai", needs="OpenAI's weights"),
+        )
+    )
+    outcomes = {o.figure.id: o for o in compare(book, reports)}
+    assert outcomes["match"].status == OK and outcomes["match"].ours == pytest.approx(10.9874)
+    assert outcomes["csv-match"].status == OK
+    assert outcomes["off"].status == OFF
+    assert outcomes["summed"].status == OK and outcomes["summed"].ours == 5
+    assert outcomes["no-file"].status == NOT_RUN and "stage not run" in outcomes["no-file"].reason
+    assert outcomes["no-key"].status == NOT_RUN and "final_train_loss" in outcomes["no-key"].reason
+    assert outcomes["no-row"].status == NOT_RUN and "step=90" in outcomes["no-row"].reason
+    openai = outcomes["openai"]
+    assert openai.status == NOT_RUN
+    assert "needs OpenAI's weights" in openai.reason and "pretrain" in openai.reason
+
+
+def test_figures_needing_openai_weights_are_compared_when_the_run_used_them(
+    tmp_path: Path, reports: Path
+) -> None:
+    write_yaml(reports.parent / "params.yaml", {"gpt2": {"source": "huggingface"}})
+    book = load_book(small_book(tmp_path / "book.yaml", figure("openai", needs="OpenAI's weights")))
+    [outcome] = compare(book, reports)
+    assert outcome.status == OK
+
+
+def test_gpt2_source_is_read_from_dvc_lock_first(reports: Path) -> None:
+    lock = {
+        "schema": "2.0",
+        "stages": {"load-gpt2": {"params": {"params.yaml": {"gpt2": {"source": "huggingface"}}}}},
+    }
+    write_yaml(reports.parent / "dvc.lock", lock)
+    run = RunInfo.of_reports(reports)
+    assert run.gpt2_source == "huggingface" and run.params_origin == "dvc.lock"
+
+
+def test_chapter_4_parameter_counts_from_our_model_equal_the_books() -> None:
+    book = load_book(BOOK)
+    counted = [
+        f
+        for f in book.figures
+        if f.ours is not None and f.ours.live in ("parameter_count", "parameter_megabytes")
+    ]
+    assert len(counted) == 4
+    for f in counted:
+        ours = LIVE[f.ours.live](None, **f.ours.args)
+        assert f.tolerance.allows(f.book, ours), (f.id, ours, f.book)
+
+
+@pytest.mark.slow
+def test_chapter_2_and_4_figures_computed_from_the_data_equal_the_books(shared_data: Path) -> None:
+    run = RunInfo(Path("reports"), shared_data, {"data.raw_dir": str(shared_data)}, None, None, None)
+    book = {f.id: f for f in load_book(BOOK).figures}
+    for name in ("ch2-verdict-tokens", "ch4-greedy-hello"):
+        f = book[name]
+        assert LIVE[f.ours.live](run, **f.ours.args) == f.book, name
+
+
+def test_cli_writes_the_report_and_exits_0(
+    tmp_path: Path, reports: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = small_book(tmp_path / "book.yaml", figure("match"), figure("openai", needs="OpenAI's weights"))
+    out = tmp_path / "out" / "REPRODUCTION.md"
+    assert main(["report", "--reports", str(reports), "--book", str(book), "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "## Chapter 5: Pretraining on unlabeled data" in text
+    assert "| ✓ |" in text
+    assert "not run: needs OpenAI's weights; this run's gpt2.source is pretrain" in text
+    assert "1 ✓, 0 ✗, 1 not run" in capsys.readouterr().out
+
+
+def test_report_defaults_to_the_reports_folder(tmp_path: Path, reports: Path) -> None:
+    book = small_book(tmp_path / "book.yaml", figure("match"))
+    out, outcomes = write_report(None, book, reports)
+    assert out == reports / "REPRODUCTION.md"
+    assert [o.status for o in outcomes] == [OK]
+    # The text to log to MLflow is the file's text.
+    assert render_markdown(book, reports) == out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (figure("typo", tolerence={"abs": 1}), "figure 'typo': unknown key 'tolerence'"),
+        ({k: v for k, v in figure("bare").items() if k != "where"}, "figure 'bare': missing key 'where'"),
+        (figure("no-reason", tolerance={"abs": 0.1}), "figure 'no-reason': tolerance: missing key 'reason'"),
+        (figure("bad-book", book="about ten"), "figure 'bad-book': book:"),
+        (figure("bad-live", ours={"live": "nope"}), "figure 'bad-live': ours: live: unknown figure 'nope'"),
+        (
+            figure("bad-args", ours={"live": "verdict_tokens", "args": {"x": 1}}),
+            "figure 'bad-args': ours: args:",
+        ),
+        (figure("bad-chapter", chapter=3), "figure 'bad-chapter': chapter: 3"),
+    ],
+)
+def test_malformed_book_file_is_one_line_error_naming_the_row(
+    tmp_path: Path, row: dict[str, object], message: str
+) -> None:
+    path = small_book(tmp_path / "book.yaml", figure("fine"), row)
+    with pytest.raises(GptlabError, match=message.replace("(", r"\(")) as info:
+        load_book(path)
+    assert "\n" not in str(info.value)
+
+
+def test_malformed_book_file_makes_the_cli_exit_2(
+    tmp_path: Path, reports: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = small_book(tmp_path / "book.yaml", figure("typo", tolerence={"abs": 1}))
+    assert main(["report", "--reports", str(reports), "--book", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptlab report: ") and "figure 'typo'" in err and "\n" not in err
