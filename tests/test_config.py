@@ -226,3 +226,34 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         assert "Traceback" not in stderr, f"{stage}: {stderr}"  # a clear message, not a crash
         assert "pretrain.train.lrr: unknown key" in stderr, f"{stage}: {stderr}"
         assert not any((tmp_path / stage).iterdir()), f"{stage} wrote files"
+
+
+# Values that would train the model backwards, or fail only after hours of training: each is
+# refused when params are loaded, naming the full key (issue: reliability).
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("pretrain.train.grad_clip", -1.0, "pretrain.train.grad_clip: expected a positive max gradient norm"),
+        ("pretrain.train.min_lr", -0.01, "pretrain.train.min_lr: expected a value in [0, lr="),
+        ("pretrain.train.min_lr", 0.01, "pretrain.train.min_lr: expected a value in [0, lr="),
+        ("pretrain.train.weight_decay", -5.0, "pretrain.train.weight_decay: expected 0 or more"),
+        ("spam.train.warmup_steps", -3, "spam.train.warmup_steps: expected 0 or more"),
+        ("pretrain.model.context_length", 100000, "pretrain.model.context_length: expected 1 to 1024"),
+        ("pretrain.data.max_length", 512, "pretrain.data.max_length: 512 exceeds model.context_length=256"),
+        ("pretrain.sample.temperature", -1.0, "pretrain.sample.temperature: expected 0 (greedy)"),
+        ("pretrain.sample.max_new_tokens", -1, "pretrain.sample.max_new_tokens: expected 0 or more"),
+        ("eval.samples.greedy.top_k", 0, "eval.samples.greedy.top_k: expected a positive integer or null"),
+        ("instruct.max_new_tokens", -1, "instruct.max_new_tokens: expected a positive integer"),
+        ("instruct.allowed_max_length", 4096, "instruct.allowed_max_length: expected 1 to 1024"),
+        ("spam.drop_rate", 1.5, "spam.drop_rate: expected a value in [0, 1)"),
+        ("tokenize.spam.val_frac", 0.4, "tokenize.spam.val_frac: expected a value in (0, 0.3)"),
+        ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
+        ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
+    ],
+)
+def test_values_that_cannot_work_are_refused_at_load_naming_the_key(
+    raw: dict[str, Any], tmp_path: Path, key: str, value: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_params(edited(raw, tmp_path, key, value))
+    assert str(info.value).startswith(message), str(info.value)

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from gptlab.typed_config import ConfigError, build
 
 GPT2_VOCAB_SIZE = 50257
+# GPT-2's learned positions (n_positions): the longest context any of its models reads.
+MAX_CONTEXT_LENGTH = 1024
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},

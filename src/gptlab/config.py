@@ -13,8 +13,8 @@ from typing import Literal
 
 import yaml
 
-from gptlab.architecture import MODEL_PRESETS, ModelConfig
-from gptlab.typed_config import ConfigError, build
+from gptlab.architecture import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelConfig
+from gptlab.typed_config import ConfigError, build, require
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -37,6 +37,11 @@ class ModelSpec:
     n_heads: int | None = None
 
     def __post_init__(self) -> None:
+        require(
+            0 < self.context_length <= MAX_CONTEXT_LENGTH,
+            "context_length",
+            f"expected 1 to {MAX_CONTEXT_LENGTH} (GPT-2's positions), got {self.context_length}",
+        )
         if self.preset not in MODEL_PRESETS:
             raise ConfigError(
                 f"model.preset: unknown preset {self.preset!r}; choose one of {sorted(MODEL_PRESETS)}"
@@ -100,21 +105,33 @@ class TrainConfig:
     max_steps: int | None
 
     def __post_init__(self) -> None:
-        positive = (
+        for name in (
             "batch_size",
             "epochs",
             "eval_freq",
             "eval_iter",
             "checkpoint_every",
             "keep_checkpoints",
+        ):
+            require(getattr(self, name) > 0, name, f"expected a positive integer, got {getattr(self, name)}")
+        require(self.lr > 0, "lr", f"expected a positive float, got {self.lr}")
+        require(self.weight_decay >= 0, "weight_decay", f"expected 0 or more, got {self.weight_decay}")
+        require(
+            self.grad_clip is None or self.grad_clip > 0,
+            "grad_clip",
+            f"expected a positive max gradient norm or null (off), got {self.grad_clip}",
         )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"train.{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr: expected a positive float, got {self.lr}")
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"train.max_steps: expected a positive integer or null, got {self.max_steps}")
+        require(self.warmup_steps >= 0, "warmup_steps", f"expected 0 or more, got {self.warmup_steps}")
+        require(
+            0 <= self.min_lr <= self.lr,
+            "min_lr",
+            f"expected a value in [0, lr={self.lr}] (the cosine schedule's floor), got {self.min_lr}",
+        )
+        require(
+            self.max_steps is None or self.max_steps > 0,
+            "max_steps",
+            f"expected a positive integer or null, got {self.max_steps}",
+        )
 
 
 # --------------------------------------------------------------------------- #
@@ -160,6 +177,11 @@ class DataConfig:
 class VerdictSplit:
     train_ratio: float
 
+    def __post_init__(self) -> None:
+        require(
+            0 < self.train_ratio < 1, "train_ratio", f"expected a value in (0, 1), got {self.train_ratio}"
+        )
+
 
 @dataclass(frozen=True)
 class SpamSplit:
@@ -169,12 +191,28 @@ class SpamSplit:
     # Keep only this many rows of each split (smoke runs); null keeps all.
     max_rows: int | None
 
+    def __post_init__(self) -> None:
+        _check_fractions(self.train_frac, self.val_frac, "val_frac")
+        require(
+            self.max_rows is None or self.max_rows > 0,
+            "max_rows",
+            f"expected a positive integer or null, got {self.max_rows}",
+        )
+
 
 @dataclass(frozen=True)
 class InstructSplit:
     train_frac: float
     test_frac: float
     max_records: int | None
+
+    def __post_init__(self) -> None:
+        _check_fractions(self.train_frac, self.test_frac, "test_frac")
+        require(
+            self.max_records is None or self.max_records > 0,
+            "max_records",
+            f"expected a positive integer or null, got {self.max_records}",
+        )
 
 
 @dataclass(frozen=True)
@@ -199,11 +237,28 @@ class SampleConfig:
     top_k: int | None
     seed: int
 
+    def __post_init__(self) -> None:
+        require(self.max_new_tokens >= 0, "max_new_tokens", f"expected 0 or more, got {self.max_new_tokens}")
+        require(
+            self.temperature >= 0,
+            "temperature",
+            f"expected 0 (greedy) or a positive float, got {self.temperature}",
+        )
+        require(
+            self.top_k is None or self.top_k > 0,
+            "top_k",
+            f"expected a positive integer or null, got {self.top_k}",
+        )
+
 
 @dataclass(frozen=True)
 class PretrainData:
     max_length: int
     stride: int
+
+    def __post_init__(self) -> None:
+        require(self.max_length > 0, "max_length", f"expected a positive integer, got {self.max_length}")
+        require(self.stride > 0, "stride", f"expected a positive integer, got {self.stride}")
 
 
 @dataclass(frozen=True)
@@ -213,10 +268,22 @@ class PretrainConfig:
     train: TrainConfig
     sample: SampleConfig
 
+    def __post_init__(self) -> None:
+        require(
+            self.data.max_length <= self.model.context_length,
+            "data.max_length",
+            f"{self.data.max_length} exceeds model.context_length={self.model.context_length}: "
+            "the model cannot read windows that long",
+        )
+
 
 @dataclass(frozen=True)
 class EvalConfig:
     batch_size: int
+
+    def __post_init__(self) -> None:
+        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
+
     samples: dict[str, SampleConfig]
 
 
@@ -240,6 +307,9 @@ class Gpt2Config:
     batch_size: int
     sample: SampleConfig
 
+    def __post_init__(self) -> None:
+        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
+
 
 @dataclass(frozen=True)
 class SpamConfig:
@@ -252,6 +322,19 @@ class SpamConfig:
     # Batches of each split scored before training (the book prints them: 10).
     initial_eval_batches: int
     train: TrainConfig
+
+    def __post_init__(self) -> None:
+        require(
+            self.trainable_blocks > 0,
+            "trainable_blocks",
+            f"expected a positive integer, got {self.trainable_blocks}",
+        )
+        require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
+        require(
+            self.initial_eval_batches > 0,
+            "initial_eval_batches",
+            f"expected a positive integer, got {self.initial_eval_batches}",
+        )
 
 
 @dataclass(frozen=True)
@@ -278,6 +361,19 @@ class InstructConfig:
     max_new_tokens: int
     train: TrainConfig
     judge: JudgeConfig
+
+    def __post_init__(self) -> None:
+        require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
+        require(
+            0 < self.allowed_max_length <= MAX_CONTEXT_LENGTH,
+            "allowed_max_length",
+            f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
+        )
+        require(
+            self.max_new_tokens > 0,
+            "max_new_tokens",
+            f"expected a positive integer, got {self.max_new_tokens}",
+        )
 
 
 @dataclass(frozen=True)
@@ -315,3 +411,13 @@ def load_params(path: Path | str = PARAMS_FILE) -> Params:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return build(Params, data, "")
+
+
+def _check_fractions(train_frac: float, other_frac: float, other: str) -> None:
+    """Both fractions in (0, 1) and summing below 1, so the third split is not empty."""
+    require(0 < train_frac < 1, "train_frac", f"expected a value in (0, 1), got {train_frac}")
+    require(
+        0 < other_frac < 1 - train_frac,
+        other,
+        f"expected a value in (0, {1 - train_frac:g}) so that the remaining split is not empty, got {other_frac}",
+    )

@@ -25,6 +25,21 @@ class ConfigError(InputError):
     """A config value that cannot be used; the message names the key."""
 
 
+class FieldError(ConfigError):
+    """A config's own check of one of its fields; `build` names it by its full key."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def require(condition: bool, field: str, problem: str) -> None:
+    """For __post_init__ checks: raise FieldError(field, problem) unless `condition` holds."""
+    if not condition:
+        raise FieldError(field, problem)
+
+
 def build(cls: type[T], data: Any, path: str) -> T:
     """Build dataclass `cls` from a mapping, checking every key and type."""
     where = path or "params.yaml"
@@ -46,6 +61,8 @@ def build(cls: type[T], data: Any, path: str) -> T:
         kwargs[name] = _convert(data[name], hints[name], key)
     try:
         return cls(**kwargs)
+    except FieldError as exc:
+        raise ConfigError(f"{_join(path, exc.field)}: {exc.problem}") from None
     except ConfigError as exc:
         # __post_init__ messages name keys by their section ("train.lr: ..."); give the full path.
         message, section = str(exc), path.rpartition(".")[2]
