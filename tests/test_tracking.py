@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from gptlab.architecture import ModelConfig
 from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
+from gptlab.errors import GptlabError
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
 from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
@@ -150,3 +155,29 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     assert resumed.resumed_steps == full.steps and resumed.history == full.history
     assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
     assert [m.step for m in client().get_metric_history(second_id, "val_loss")] == steps
+
+
+def test_an_unreachable_server_fails_fast_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:  # a port nobody listens on: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        started = time.monotonic()
+        with pytest.raises(GptlabError, match=f"MLflow tracking server {uri} is unreachable"):  # noqa: SIM117
+            with stage_run("pretrain", "exp-unreachable", {}):
+                pytest.fail("the stage ran although its tracking server is down")
+    assert time.monotonic() - started < 30
+
+
+def test_a_run_left_running_by_a_killed_stage_is_marked_killed_by_the_next() -> None:
+    with stage_run("eval", "exp-killed", {}) as run:
+        dead_id = run.run_id
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    client().set_terminated(dead_id, status="RUNNING")  # as a SIGKILL leaves it
+    client().set_tag(dead_id, "gptlab.pid", dead.stdout.strip())  # a process that has exited
+    with stage_run("eval", "exp-killed", {}) as run:
+        assert client().get_run(dead_id).info.status == "KILLED"
+        alive_id = run.run_id
+    assert client().get_run(alive_id).info.status == "FINISHED"

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,8 +27,11 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from gptlab.distributed import is_main
+from gptlab.errors import GptlabError
 
 DEFAULT_DB = "mlflow.db"
+# Seconds to wait for a tracking server to answer before a stage starts.
+TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
 # The most entries MLflow accepts in one log_batch call, per kind.
 _MAX_PARAMS = 100
 _MAX_METRICS = 1000
@@ -139,8 +145,14 @@ def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterato
     if not is_main():
         yield NULL_RUN
         return
-    client = MlflowClient(tracking_uri=tracking_uri())
+    uri = tracking_uri()
+    check_reachable(uri)
+    # Bounded retries: a server that stops answering mid-run fails the stage in seconds, not minutes.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(client, experiment)
+    _close_dead_runs(client, experiment_id, stage)
     run = client.create_run(experiment_id, run_name=stage, tags=_run_tags(stage, params))
     stage_run = StageRun(client, run.info.run_id)
     try:
@@ -150,6 +162,54 @@ def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterato
         client.set_terminated(run.info.run_id, status="FAILED")
         raise
     client.set_terminated(run.info.run_id, status="FINISHED")
+
+
+def check_reachable(uri: str) -> None:
+    """Fail fast, naming the URI, when a tracking server does not answer (local stores always do).
+
+    The wait is GPTLAB_TRACKING_TIMEOUT seconds (default 10); any HTTP answer counts as reachable.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    timeout = float(os.environ.get(TIMEOUT_ENV, "10"))
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()  # noqa: S310 - http(s) only
+    except urllib.error.HTTPError:
+        return  # something answered: MLflow's own calls will say what is wrong
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GptlabError(
+            f"MLflow tracking server {uri} is unreachable ({reason}; waited up to {timeout:g} s, "
+            f"set {TIMEOUT_ENV} to wait longer): start it, or unset MLFLOW_TRACKING_URI to log to the "
+            "local store (mlflow.db)"
+        ) from None
+
+
+def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> None:
+    """Mark KILLED the runs of `stage` left RUNNING by a process of this machine that no longer exists.
+
+    A stage killed with SIGKILL cannot end its own run; its rerun (which resumes the training) does.
+    """
+    host = socket.gethostname()
+    running = client.search_runs(
+        [experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`gptlab.stage` = '{stage}'"
+    )
+    for run in running:
+        tags = run.data.tags
+        if tags.get("gptlab.host") == host and not _process_alive(int(tags.get("gptlab.pid", "0"))):
+            client.set_terminated(run.info.run_id, status="KILLED")
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
@@ -181,6 +241,8 @@ def _run_tags(stage: str, params: Mapping[str, Any]) -> dict[str, str]:
         "gptlab.params_hash": hashlib.sha256(params_json.encode()).hexdigest()[:16],
         "mlflow.source.git.commit": commit,
         "gptlab.git_dirty": str(dirty).lower(),
+        "gptlab.host": socket.gethostname(),
+        "gptlab.pid": str(os.getpid()),
     }
     if os.environ.get("DVC_EXP_NAME"):
         tags["gptlab.dvc_exp"] = os.environ["DVC_EXP_NAME"]
