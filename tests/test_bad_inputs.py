@@ -6,18 +6,25 @@ overwritten on the way.
 from __future__ import annotations
 
 import errno
+import io
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import yaml
 
 from gptlab import cli
 from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from gptlab.config import ModelConfig
+from gptlab.datasets import spam, verdict
+from gptlab.errors import GptlabError
 from gptlab.hf_gpt2 import load_hf_folder
+from gptlab.metrics_check import load_baseline
 from gptlab.model import GPTModel
 
 TINY = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
@@ -174,3 +181,207 @@ def test_export_into_read_only_folder_names_it(
     finally:
         locked.chmod(0o755)
     assert str(locked / "hf") in one_line_error(capsys, "export")
+
+
+# --------------------------------------------------------------------------- #
+# 5. gptlab metrics: 1 = regressed or missing, 2 = could not check; a baseline can be created
+# --------------------------------------------------------------------------- #
+
+GOOD_BASELINE = {
+    "metrics": {
+        "pretrain/metrics.json": {"val_loss": {"baseline": 6.0, "direction": "lower", "tolerance": 0.05}}
+    }
+}
+
+
+def write_reports(root: Path, val_loss: float = 5.9) -> Path:
+    reports = root / "reports"
+    (reports / "pretrain").mkdir(parents=True, exist_ok=True)
+    (reports / "spam").mkdir(parents=True, exist_ok=True)
+    (reports / "eval").mkdir(parents=True, exist_ok=True)
+    pretrain = {"val_loss": val_loss, "final_val_perplexity": 400.0, "steps": 10, "epochs": 1}
+    (reports / "pretrain" / "metrics.json").write_text(json.dumps(pretrain))
+    spam_metrics = {"test": {"accuracy": 0.9, "f1": 0.8, "confusion_matrix": [[1, 2], [3, 4]]}}
+    (reports / "spam" / "metrics.json").write_text(json.dumps(spam_metrics))
+    (reports / "eval" / "metrics.json").write_text(
+        json.dumps({"val_loss": 6.5, "val_perplexity": float("inf")})
+    )
+    return reports
+
+
+@pytest.mark.parametrize(
+    ("baseline_text", "message"),
+    [
+        ("metrics:\n  pretrain/metrics.json: {val_loss: [1, 2\n", "line 3"),
+        ("metrics:\n  - just a list\n", "expected a mapping"),
+        ("metrics:\n  pretrain/metrics.json: [val_loss]\n", "metrics.pretrain/metrics.json"),
+        ("metrics:\n  pretrain/metrics.json:\n    val_loss: 6.0\n", "metrics.pretrain/metrics.json.val_loss"),
+        ("\xff\xfe garbage", "not UTF-8"),
+    ],
+    ids=["yaml-syntax", "wrong-shape", "file-not-a-mapping", "guard-not-a-mapping", "binary"],
+)
+@pytest.mark.parametrize("action", ["check", "update-baseline"])
+def test_malformed_baseline_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], baseline_text: str, message: str, action: str
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_bytes(baseline_text.encode("latin-1"))
+    reports = write_reports(tmp_path)
+    before = snapshot(tmp_path)
+
+    assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(reports)]) == 2
+
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and message in line
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_baseline_or_reports_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    reports = write_reports(tmp_path)
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and f"gptlab metrics update-baseline --baseline {baseline}" in line
+
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    for action in ("check", "update-baseline"):
+        nowhere = tmp_path / "nowhere"
+        assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
+        assert f"reports folder {nowhere} not found" in one_line_error(capsys, "metrics")
+    assert baseline.read_text() == yaml.safe_dump(GOOD_BASELINE)
+
+
+def test_unreadable_metrics_file_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_reports(tmp_path)
+    (reports / "pretrain" / "metrics.json").write_text('{"val_loss": 5.')
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports / "pretrain" / "metrics.json") in line and "not valid JSON" in line
+
+
+def test_regression_and_missing_metric_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_reports(tmp_path, val_loss=7.0)
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "regressed" in capsys.readouterr().out
+    (reports / "pretrain" / "metrics.json").unlink()
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "missing" in capsys.readouterr().out
+
+
+def test_update_baseline_creates_a_new_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reports = write_reports(tmp_path)
+    new = tmp_path / "baselines" / "new.yaml"
+
+    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 0
+    assert f"created {new}" in capsys.readouterr().out
+
+    guards = load_baseline(new)
+    assert set(guards) == {"pretrain/metrics.json", "spam/metrics.json", "eval/metrics.json"}
+    assert set(guards["pretrain/metrics.json"]) == {"val_loss", "final_val_perplexity"}  # counts left out
+    loss = guards["pretrain/metrics.json"]["val_loss"]
+    assert (loss.baseline, loss.direction) == (5.9, "lower") and 0 < loss.tolerance < 0.5
+    accuracy = guards["spam/metrics.json"]["test.accuracy"]
+    assert (accuracy.baseline, accuracy.direction, accuracy.tolerance) == (0.9, "higher", 0.03)
+    assert set(guards["eval/metrics.json"]) == {"val_loss"}  # an infinite perplexity cannot be a baseline
+    assert new.read_text().startswith("#")  # says how it was made and how to update it
+    assert cli.main(["metrics", "check", "--baseline", str(new), "--reports", str(reports)]) == 0
+
+
+def test_update_baseline_without_any_metric_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    new = tmp_path / "new.yaml"
+    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports) in line and "update-baseline" not in line
+    assert not new.exists()
+
+
+def test_smoke_command_uses_the_check_of_metrics_check() -> None:
+    import gptlab.commands.smoke as smoke_command
+    import gptlab.metrics_check as metrics_check
+
+    assert smoke_command.check is metrics_check.check
+
+
+# --------------------------------------------------------------------------- #
+# 5. Damaged .npy files and non-UTF-8 text name the file (and the line)
+# --------------------------------------------------------------------------- #
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _truncated(path: Path) -> None:
+    np.save(path, np.arange(200, dtype=np.int32).reshape(2, 100))
+    path.write_bytes(path.read_bytes()[:-50])
+
+
+def _not_npy(path: Path) -> None:
+    path.write_bytes(b"just some text, not an array\n")
+
+
+def _floats(path: Path) -> None:
+    np.save(path, np.ones((2, 4), dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(_pickled, "pickled"), (_truncated, "truncated"), (_not_npy, "not a NumPy"), (_floats, "integer")],
+    ids=["pickled", "truncated", "not-npy", "floats"],
+)
+@pytest.mark.parametrize("dataset", ["verdict", "spam"])
+def test_damaged_npy_names_the_file(
+    tmp_path: Path, damage: Callable[[Path], None], message: str, dataset: str
+) -> None:
+    processed = tmp_path / "processed"
+    if dataset == "verdict":
+        path = verdict.split_path(processed, "train")
+        path.parent.mkdir(parents=True)
+        damage(path)
+        load = lambda: verdict.load_split(processed, "train")  # noqa: E731
+    else:
+        csv_path, path = spam.split_paths(processed, "train")
+        path.parent.mkdir(parents=True)
+        csv_path.write_text("text,label\nhello,0\nwin now,1\n")
+        damage(path)
+        load = lambda: spam.SpamDataset(processed, "train")  # noqa: E731
+    before = snapshot(tmp_path)
+    with pytest.raises(GptlabError, match=message) as info:
+        load()
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("via_stdin", [False, True], ids=["file", "stdin"])
+def test_classify_non_utf8_file_names_file_and_line(
+    tmp_path: Path,
+    checkpoint: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    via_stdin: bool,
+) -> None:
+    messages = tmp_path / "messages.txt"
+    messages.write_bytes("hello there\n\nfree prize\nvoil\xe0 une offre\n".encode("latin-1"))
+    if via_stdin:
+
+        class Stdin:
+            buffer = io.BytesIO(messages.read_bytes())
+
+        monkeypatch.setattr("sys.stdin", Stdin)
+    source = "-" if via_stdin else str(messages)
+    assert cli.main(["classify", "--file", source, "--model", str(checkpoint)]) == 2
+    line = one_line_error(capsys, "classify")
+    assert ("<stdin>" if via_stdin else str(messages)) in line
+    assert "line 4" in line and "UTF-8" in line
