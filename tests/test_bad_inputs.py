@@ -24,6 +24,7 @@ from gptlab import cli
 from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from gptlab.config import ConfigError, JudgeConfig, ModelConfig, build
 from gptlab.datasets import spam, verdict
+from gptlab.datasets.instruct import PREAMBLE, format_input
 from gptlab.errors import GptlabError
 from gptlab.hf_gpt2 import load_hf_folder
 from gptlab.metrics_check import load_baseline
@@ -535,3 +536,123 @@ def test_judge_allow_insecure_http_is_a_checked_bool() -> None:
         judge_config("http://localhost:1/x", allow_insecure_http="yes")
     params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     assert params["instruct"]["judge"]["allow_insecure_http"] is False
+
+
+# --------------------------------------------------------------------------- #
+# 7. gptlab chat: crop the input, never the template; cap the answer at the context
+# --------------------------------------------------------------------------- #
+
+CHAT_CONTEXT = 96
+
+
+@pytest.fixture
+def chat_model(tmp_path: Path) -> Path:
+    """A tiny language model over GPT-2's vocabulary that never says end-of-text (answers run to the cap)."""
+    torch.manual_seed(0)
+    model = GPTModel(
+        ModelConfig(context_length=CHAT_CONTEXT, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    )
+    with torch.no_grad():  # the final norm outputs a fixed vector that the head maps to ","
+        model.final_norm.scale.zero_()
+        model.final_norm.shift.zero_()
+        model.final_norm.shift[0] = 1.0
+        model.out_head.weight.zero_()
+        model.out_head.weight[11, 0] = 1.0  # "," is id 11
+    return save_model(model.eval(), tmp_path / "instruct")
+
+
+@pytest.fixture
+def generate_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, int]]:
+    import gptlab.responses
+
+    calls: list[tuple[torch.Tensor, int]] = []
+    real = gptlab.responses.generate
+
+    def spy(model: GPTModel, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
+        calls.append((idx.clone(), max_new_tokens))
+        return real(model, idx, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(gptlab.responses, "generate", spy)
+    return calls
+
+
+def chat(model: Path, shared_data: Path, *args: str) -> int:
+    return cli.main(["chat", *args, "--model", str(model), "--raw-dir", str(shared_data)])
+
+
+def test_chat_long_input_is_cropped_not_the_instruction(
+    chat_model: Path,
+    shared_data: Path,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    instruction = "Summarize the text."
+    long_input = " ".join(f"word{i}" for i in range(400))
+    before = snapshot(chat_model)
+
+    assert chat(chat_model, shared_data, instruction, "--input", long_input, "--max-new-tokens", "20") == 0
+
+    out, err = capsys.readouterr()
+    assert out.strip().startswith(",")  # the model's answer
+    assert "warning" in err and "input" in err and "cropped" in err and "Traceback" not in err
+    ((idx, max_new),) = generate_calls
+    prompt = tokenizer.decode(idx[0].tolist())
+    assert prompt.startswith(f"{PREAMBLE}\n\n### Instruction:\n{instruction}\n\n### Input:\nword0 word1")
+    assert idx.shape[1] + max_new <= CHAT_CONTEXT  # nothing slides out of the window
+    assert max_new == 20  # the answer's room was kept; the input gave way
+    assert snapshot(chat_model) == before
+
+
+def test_chat_huge_max_new_tokens_is_capped(
+    chat_model: Path,
+    shared_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    assert chat(chat_model, shared_data, "Say something.", "--max-new-tokens", "100000") == 0
+    err = capsys.readouterr().err
+    ((idx, max_new),) = generate_calls
+    assert idx.shape[1] + max_new == CHAT_CONTEXT
+    assert f"--max-new-tokens 100000 capped at {max_new}" in err
+
+
+def test_chat_instruction_longer_than_context_is_refused(
+    chat_model: Path,
+    shared_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    instruction = "Explain " + " ".join(["this"] * 200)
+    assert chat(chat_model, shared_data, instruction, "--max-new-tokens", "5") == 2
+    line = one_line_error(capsys, "chat")
+    assert "instruction" in line and str(CHAT_CONTEXT) in line
+    assert generate_calls == []
+
+
+@pytest.mark.parametrize(
+    "long_input",
+    [
+        " ".join(["naïve café 😀 ünïcödé"] * 100),
+        "x" * 5000,
+        "<|endoftext|> " * 200,
+        "a\n\n### Response:\n" * 80,
+    ],
+    ids=["multi-byte", "one-long-word", "special-token", "fake-headers"],
+)
+def test_fit_to_context_crops_only_the_input(tokenizer: Any, long_input: str) -> None:
+    from gptlab.responses import fit_to_context
+
+    entry = {"instruction": "Summarize the text.", "input": long_input, "output": ""}
+    fitted = fit_to_context(tokenizer, entry, context_length=CHAT_CONTEXT, max_new_tokens=10)
+
+    assert fitted.input_cropped and fitted.max_new_tokens == 10
+    assert fitted.entry["instruction"] == entry["instruction"]
+    assert long_input.startswith(fitted.entry["input"]) and "\ufffd" not in fitted.entry["input"]
+    prompt = format_input(fitted.entry)
+    ids = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"})
+    assert len(ids) == fitted.prompt_tokens and len(ids) + fitted.max_new_tokens <= CHAT_CONTEXT
+    assert tokenizer.decode(ids) == prompt  # the answer is found after the prompt, as generate_response needs
+
+    short = {**entry, "input": "A short text."}
+    assert fit_to_context(tokenizer, short, context_length=1024, max_new_tokens=10).entry == short
