@@ -390,6 +390,18 @@ def test_classify_non_utf8_file_names_file_and_line(
     assert "line 4" in line and "UTF-8" in line
 
 
+def test_classify_reads_utf8_lines_from_a_file_or_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptlab.commands.classify import _read_texts
+
+    messages = tmp_path / "messages.txt"
+    messages.write_text("voilà\r\n\nfree prize 😀\n", encoding="utf-8")
+    assert _read_texts(["first"], str(messages)) == ["first", "voilà", "free prize 😀"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("from a text stream\n"))  # no .buffer: already text
+    assert _read_texts([], "-") == ["from a text stream"]
+
+
 # --------------------------------------------------------------------------- #
 # 6. The judge: no redirects with the key, no key over plain HTTP to other hosts
 # --------------------------------------------------------------------------- #

@@ -97,13 +97,16 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     messages = list(texts)
     if file is not None:
         if file == "-":
-            name, data = "<stdin>", sys.stdin.buffer.read()
+            buffer = getattr(sys.stdin, "buffer", None)  # bytes, decoded below; absent if already text
+            lines = (
+                sys.stdin.read().splitlines() if buffer is None else _decode_lines(buffer.read(), "<stdin>")
+            )
         else:
             path = Path(file)
             if not path.is_file():
                 raise FileNotFoundError(f"--file {path}: no such file")
-            name, data = str(path), path.read_bytes()
-        messages += [line for line in _decode_lines(data, name) if line.strip()]
+            lines = _decode_lines(path.read_bytes(), str(path))
+        messages += [line for line in lines if line.strip()]
     if not messages:
         raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
     empty = [i for i, text in enumerate(messages) if not text.strip()]
