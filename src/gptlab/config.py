@@ -344,6 +344,8 @@ class JudgeConfig:
     url: str
     model: str
     timeout_s: float
+    # Send GPTLAB_JUDGE_API_KEY over plain http:// to a host other than this machine.
+    allow_insecure_http: bool = False
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# The process's umask (reading it means setting it, so set it straight back).
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+# The process's umask (reading it means setting it, so set it straight back): the mode new files get.
+UMASK = os.umask(0)
+os.umask(UMASK)
 
 
 @contextmanager
@@ -32,7 +32,7 @@ def atomic_path(target: Path) -> Iterator[Path]:
         with tmp_path.open("rb") as fh:
             os.fsync(fh.fileno())
         # mkstemp makes the file private (0600); give it the mode any new file would get.
-        os.chmod(tmp_path, 0o666 & ~_UMASK)
+        os.chmod(tmp_path, 0o666 & ~UMASK)
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -65,3 +65,12 @@ def write_figure(path: Path | str, figure: Any, dpi: int = 120) -> Path:
     with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png", dpi=dpi)
     return path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -26,14 +26,19 @@ the same logits. transformers is never imported here: config.json is written by 
 - `tie_head=True` forces a tied export: the token embedding becomes the head and
   `out_head` is dropped (the logits then change unless the two were equal).
 - Classifier checkpoints (num_classes set) have no language-model head: refused.
+- `export_checkpoint` never writes into the checkpoint, another gptlab checkpoint or a
+  non-empty folder (unless forced), and renames a complete temporary folder into place.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import tempfile
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +47,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, atomic_path, load_model, read_config
+from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config
 from gptlab.errors import InputError
+from gptlab.files import UMASK, atomic_path, fsync_dir
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 from gptlab.typed_config import ConfigError
@@ -409,12 +415,100 @@ def save_hf(model: GPTModel, out_dir: Path | str, *, tie_head: bool = False) -> 
     return out_dir
 
 
-def export_checkpoint(checkpoint_dir: Path | str, out_dir: Path | str, *, tie_head: bool = False) -> Path:
-    """A gptlab checkpoint folder as a Hugging Face GPT-2 folder; classifiers are refused before loading."""
+def export_checkpoint(
+    checkpoint_dir: Path | str, out_dir: Path | str, *, tie_head: bool = False, force: bool = False
+) -> Path:
+    """A gptlab checkpoint folder as a Hugging Face GPT-2 folder; classifiers are refused before loading.
+
+    `out_dir` must be new or empty, unless `force` (then it is replaced as a whole). It is never
+    the checkpoint itself, a folder holding it or inside it, another gptlab checkpoint, or the
+    current folder. The export is written into a temporary folder beside `out_dir` and renamed
+    into place once complete, so a failure leaves `out_dir` as it was.
+    """
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     cfg, _ = read_config(checkpoint_dir)
     check_language_model(cfg)  # before reading the weights
+    check_export_target(checkpoint_dir, out_dir, force=force)
     model, _ = load_model(checkpoint_dir)
-    return save_hf(model, out_dir, tie_head=tie_head)
+    write_folder_atomically(out_dir, lambda tmp: save_hf(model, tmp, tie_head=tie_head))
+    return out_dir
+
+
+def is_gptlab_checkpoint(directory: Path) -> bool:
+    """Whether `directory` holds a gptlab checkpoint (a config.json with our `model` section)."""
+    config = directory / CONFIG_FILE
+    try:
+        payload = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(payload, dict) and "model" in payload
+
+
+def check_export_target(checkpoint_dir: Path, out_dir: Path, *, force: bool = False) -> None:
+    """Refuse an export folder whose replacement would destroy a checkpoint or anything else unasked."""
+    source, target = checkpoint_dir.resolve(), out_dir.resolve()
+    hint = "export into a new or empty folder"
+    if target == source:
+        raise InputError(f"{out_dir} is the checkpoint being exported ({checkpoint_dir}); {hint}")
+    if target in source.parents:
+        raise InputError(f"{out_dir} holds the checkpoint being exported ({checkpoint_dir}); {hint}")
+    for folder in target.parents:
+        if is_gptlab_checkpoint(folder):
+            raise InputError(f"{out_dir} is inside the gptlab checkpoint {folder}; {hint} outside it")
+    if not os.path.lexists(out_dir):
+        return
+    if not out_dir.is_dir():
+        raise InputError(f"{out_dir} exists and is not a folder; {hint}")
+    if is_gptlab_checkpoint(out_dir):
+        raise InputError(
+            f"{out_dir} is a gptlab checkpoint and exporting would destroy it (even with --force); {hint}"
+        )
+    if next(out_dir.iterdir(), None) is None:
+        return
+    if not force:
+        raise InputError(
+            f"{out_dir} is not empty; {hint}, or pass --force to replace that folder and everything in it"
+        )
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise InputError(f"{out_dir} holds the current folder and --force would replace it; {hint}")
+
+
+def write_folder_atomically(out_dir: Path, write: Callable[[Path], object]) -> None:
+    """Fill a temporary folder beside `out_dir` with `write`, then rename it into place.
+
+    An existing `out_dir` (already checked by the caller) is moved aside first and deleted only
+    once the new folder is in place; on any failure it is put back and the temporary folder goes.
+    A folder that cannot be written is an InputError naming `out_dir`.
+    """
+    parent = out_dir.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot write the export here ({exc.strerror or exc})") from exc
+    old: Path | None = None
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes it private; give it the mode mkdir would
+        if os.path.lexists(out_dir):
+            old = parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.old"
+            os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if old is not None:
+                os.rename(old, out_dir)
+                old = None
+            raise
+        fsync_dir(parent)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise InputError(f"{out_dir}: cannot write the export here: {exc.strerror or exc}{where}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def roundtrip_checkpoint(checkpoint_dir: Path | str, *, tie_head: bool = False) -> GPTModel:

@@ -9,16 +9,23 @@ then. A judge that cannot be reached at all is a configuration error, found
 before training starts by `check_judge`.
 
 Only the standard library is used (urllib, json), as in the book.
+
+The optional API key (GPTLAB_JUDGE_API_KEY, never in params.yaml, never logged)
+is guarded: redirects are refused, so neither the key nor the prompt is resent
+to another address, and the key is not sent over plain http:// to a host other
+than this machine unless `instruct.judge.allow_insecure_http` is true.
 """
 
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import math
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +52,21 @@ _NUMBER = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?")
 
 class JudgeError(InputError):
     """The judge endpoint cannot be used as configured; the message names the URL and the fix."""
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 302 to a POST by resending its headers, the API key included: refuse instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        fp.close()
+        raise JudgeError(
+            f"judge at {req.full_url} answered HTTP {code}, a redirect to {newurl}; redirects are refused "
+            "so that the request and its API key go nowhere else: set instruct.judge.url to the final address"
+        )
+
+
+# Every judge request goes through this opener: urllib's defaults, minus following redirects.
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
 
 
 @dataclass(frozen=True)
@@ -81,8 +103,9 @@ def query(cfg: JudgeConfig, prompt: str) -> str:
     """Send one user message to the judge and return its reply text.
 
     Raises OSError (urllib's URLError, timeouts) or http.client.HTTPException when
-    the request fails, and ValueError when the answer is not the chat response
-    the API promises.
+    the request fails, ValueError when the answer is not the chat response the API
+    promises, and JudgeError (a ValueError) for a redirect or an API key that would
+    go over plain HTTP to another host (nothing is sent then).
     """
     messages = [{"role": "user", "content": prompt}]
     if cfg.api == "ollama":
@@ -94,10 +117,12 @@ def query(cfg: JudgeConfig, prompt: str) -> str:
         }
     else:
         payload = {"model": cfg.model, "messages": messages, "temperature": 0, "seed": SEED}
+    headers = _headers()
+    _check_transport(cfg, headers)
     request = urllib.request.Request(
-        cfg.url, data=json.dumps(payload).encode("utf-8"), headers=_headers(), method="POST"
+        cfg.url, data=json.dumps(payload).encode("utf-8"), headers=headers, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
+    with _OPENER.open(request, timeout=cfg.timeout_s) as response:
         body = response.read().decode("utf-8", errors="replace")
     try:
         data = json.loads(body)
@@ -115,6 +140,8 @@ def check_judge(cfg: JudgeConfig) -> None:
     """Fail fast, before any training, when the judge cannot answer as configured."""
     try:
         query(cfg, "Respond with the integer number 100 only.")
+    except JudgeError:
+        raise
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", errors="replace")[:200]
         raise JudgeError(
@@ -165,6 +192,33 @@ def summarize(scores: Sequence[int | None]) -> dict[str, Any]:
         "unusable": len(scores) - len(usable),
         "histogram": histogram,
     }
+
+
+def _check_transport(cfg: JudgeConfig, headers: Mapping[str, str]) -> None:
+    """Refuse to send the API key in clear text to another machine, unless explicitly allowed."""
+    if "Authorization" not in headers or cfg.allow_insecure_http:
+        return
+    parts = urllib.parse.urlsplit(cfg.url)
+    if parts.scheme == "https" or _is_loopback(parts.hostname):
+        return
+    raise JudgeError(
+        f"refusing to send the API key ({API_KEY_ENV}) over plain http:// to {parts.hostname} ({cfg.url}), "
+        "where anyone on the way can read it: use an https:// URL, or set "
+        "instruct.judge.allow_insecure_http: true if that network is trusted"
+    )
+
+
+def _is_loopback(host: str | None) -> bool:
+    """Whether `host` names this machine (localhost, 127.0.0.0/8, ::1); no DNS lookup."""
+    if not host:
+        return False
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _headers() -> dict[str, str]:

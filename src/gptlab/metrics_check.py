@@ -61,16 +61,38 @@ class Comparison:
 
 
 def load_baseline(path: Path) -> dict[str, dict[str, GuardedMetric]]:
-    """{metrics file relative to the reports dir: {flattened metric key: guard}}."""
+    """{metrics file relative to the reports dir: {flattened metric key: guard}}.
+
+    Every way the file can be unusable (missing, not UTF-8, not YAML, the wrong shape, a bad
+    guard) is an InputError naming the file, and the line for YAML errors.
+    """
     if not path.is_file():
-        raise FileNotFoundError(f"baseline {path} not found; create it with `gptlab metrics update-baseline`")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raise InputError(f"baseline {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise InputError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise ConfigError(f"{path}: expected a mapping with a `metrics` section")
-    return {
-        file: {key: build(GuardedMetric, guard, f"metrics.{file}.{key}") for key, guard in metrics.items()}
-        for file, metrics in data["metrics"].items()
-    }
+        raise InputError(f"{path}: expected a mapping with a `metrics` section")
+    baseline: dict[str, dict[str, GuardedMetric]] = {}
+    for file, metrics in data["metrics"].items():
+        if not isinstance(metrics, dict):
+            raise InputError(
+                f"{path}: metrics.{file}: expected a mapping of metric names to guards "
+                f"(baseline, direction, tolerance), got {type(metrics).__name__}"
+            )
+        try:
+            baseline[str(file)] = {
+                str(key): build(GuardedMetric, guard, f"metrics.{file}.{key}")
+                for key, guard in metrics.items()
+            }
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    return baseline
 
 
 def flat_metrics(path: Path) -> dict[str, float]:
@@ -84,11 +106,15 @@ def flat_metrics(path: Path) -> dict[str, float]:
         elif isinstance(value, int | float) and not isinstance(value, bool):
             flat[prefix] = float(value)
 
-    walk(json.loads(path.read_text(encoding="utf-8")), "")
+    try:
+        walk(json.loads(path.read_text(encoding="utf-8")), "")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); rerun the stage that writes it") from exc
     return flat
 
 
 def compare(baseline: dict[str, dict[str, GuardedMetric]], reports_dir: Path) -> list[Comparison]:
+    _check_reports_dir(reports_dir)
     rows = []
     for file, guards in baseline.items():
         path = reports_dir / file
@@ -96,6 +122,38 @@ def compare(baseline: dict[str, dict[str, GuardedMetric]], reports_dir: Path) ->
         for key, guard in guards.items():
             rows.append(Comparison(file, key, guard, current.get(key)))
     return rows
+
+
+def check(baseline: Path, reports: Path) -> int:
+    """Print the comparison table; 1 if any guarded metric regressed or is missing, else 0.
+
+    A baseline or reports folder that cannot be read raises an InputError (exit code 2 in the CLI).
+    """
+    if not baseline.is_file():
+        raise InputError(
+            f"baseline {baseline} not found; create it from a run's reports with "
+            f"`gptlab metrics update-baseline --baseline {baseline} --reports {reports}`"
+        )
+    rows = compare(load_baseline(baseline), reports)
+    print(markdown_table(rows))
+    failed = [row for row in rows if row.failed]
+    if failed:
+        names = ", ".join(f"{r.file}:{r.metric} ({r.status})" for r in failed)
+        print(f"\nFAILED: {len(failed)} of {len(rows)} metrics regressed or missing: {names}")
+        print(
+            f"If the change is intended: gptlab metrics update-baseline --baseline {baseline} --reports {reports}"
+        )
+        return 1
+    print(f"\nOK: {len(rows)} metrics within tolerance of {baseline}")
+    return 0
+
+
+def _check_reports_dir(reports_dir: Path) -> None:
+    if not reports_dir.is_dir():
+        raise InputError(
+            f"reports folder {reports_dir} not found: run the pipeline (`dvc repro` or `gptlab smoke`) "
+            "first, or point --reports at its reports"
+        )
 
 
 def markdown_table(rows: list[Comparison]) -> str:
@@ -120,13 +178,98 @@ def update_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
     rows = compare(baseline, reports_dir)
     missing = [f"{r.file}:{r.metric}" for r in rows if r.status == "missing"]
     if missing:
-        raise InputError(f"cannot update the baseline: no current value for {', '.join(missing)}")
+        raise InputError(
+            f"cannot update {path}: {reports_dir} has no current value for {', '.join(missing)}; "
+            "run the stages that write them, or remove those entries from the baseline"
+        )
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     for row in rows:
         data["metrics"][row.file][row.metric]["baseline"] = round(float(row.current), 6)  # type: ignore[arg-type]
     header = "".join(
         line + "\n" for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")
     )
-    with atomic_path(path) as tmp:
-        tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    _write_text(path, header + yaml.safe_dump(data, sort_keys=False))
     return rows
+
+
+# A new baseline guards the quality metrics it can tell the better direction of, with these
+# default tolerances (absolute, or relative to the value); counts such as steps are left out.
+RELATIVE_LOSS_TOLERANCE = 0.01  # losses: 1% of the value, at least MIN_LOSS_TOLERANCE
+MIN_LOSS_TOLERANCE = 0.01
+RELATIVE_PERPLEXITY_TOLERANCE = 0.05  # exp(loss): 1% of a loss of ~5 moves it by ~5%
+SCORE_TOLERANCE = 0.03  # accuracy, precision, recall, F1, ROUGE: fractions in [0, 1]
+JUDGE_TOLERANCE = 3.0  # the judge's mean score, 0-100
+_SCORES = frozenset({"accuracy", "precision", "recall", "f1", "f1_score"})
+
+
+def default_guard(key: str, value: float) -> GuardedMetric | None:
+    """The guard a new baseline gives metric `key` (None: not a metric with a better direction)."""
+    if not math.isfinite(value):
+        return None
+    name = key.rsplit(".", 1)[-1].lower()
+    if "perplexity" in name:
+        return GuardedMetric(_round(value), "lower", _round(abs(value) * RELATIVE_PERPLEXITY_TOLERANCE, 3))
+    if "loss" in name:
+        tolerance = max(abs(value) * RELATIVE_LOSS_TOLERANCE, MIN_LOSS_TOLERANCE)
+        return GuardedMetric(_round(value), "lower", _round(tolerance, 3))
+    if name in _SCORES or name.startswith("rouge"):
+        return GuardedMetric(_round(value), "higher", SCORE_TOLERANCE)
+    if key.lower() == "judge.mean":
+        return GuardedMetric(_round(value), "higher", JUDGE_TOLERANCE)
+    return None
+
+
+def create_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
+    """Write a new baseline at `path` guarding every quality metric under `reports_dir`.
+
+    Each `<stage>/metrics.json` is read; losses and perplexities are guarded as lower-is-better,
+    accuracies, precision, recall, F1, ROUGE and the judge's mean as higher-is-better, with the
+    default tolerances above. Refuses an existing file (update it instead) and writes nothing when
+    there is no metric to guard.
+    """
+    if path.exists():
+        raise InputError(f"{path} already exists; update it instead of creating it")
+    _check_reports_dir(reports_dir)
+    baseline: dict[str, dict[str, GuardedMetric]] = {}
+    for metrics_file in sorted(reports_dir.rglob("metrics.json")):
+        guards = {
+            key: guard
+            for key, value in flat_metrics(metrics_file).items()
+            if (guard := default_guard(key, value)) is not None
+        }
+        if guards:
+            baseline[metrics_file.relative_to(reports_dir).as_posix()] = guards
+    if not baseline:
+        raise InputError(
+            f"no metrics to guard in {reports_dir}: expected <stage>/metrics.json files with losses, "
+            "perplexities or accuracies; run the pipeline (`dvc repro` or `gptlab smoke`) first"
+        )
+    data = {
+        "metrics": {
+            file: {
+                key: {"baseline": g.baseline, "direction": g.direction, "tolerance": g.tolerance}
+                for key, g in guards.items()
+            }
+            for file, guards in baseline.items()
+        }
+    }
+    header = (
+        f"# Metrics baseline created by `gptlab metrics update-baseline` from {reports_dir}.\n"
+        "# `gptlab metrics check` fails when a metric is worse than `baseline` by more than\n"
+        "# `tolerance` in the given direction (lower or higher is better). Default tolerances:\n"
+        "# losses 1% (at least 0.01), perplexities 5%, accuracy/precision/recall/F1/ROUGE 0.03,\n"
+        "# the judge's mean 3 points; counts (steps, tokens) are not guarded. Edit freely.\n"
+        f"# Accept new values on purpose: gptlab metrics update-baseline --baseline {path} --reports {reports_dir}\n"
+    )
+    _write_text(path, header + yaml.safe_dump(data, sort_keys=False))
+    return compare(baseline, reports_dir)
+
+
+def _round(value: float, digits: int = 7) -> float:
+    """`value` to `digits` significant digits, so the YAML stays readable."""
+    return float(f"{value:.{digits}g}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

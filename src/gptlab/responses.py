@@ -4,20 +4,26 @@ As in chapter 7, the model is given the Alpaca prompt up to and including the
 input (`format_input`) and writes the "### Response:" header itself; the answer
 is what follows that header, up to the end-of-text token. Decoding is greedy
 with the KV cache, so answers are reproducible.
+
+`fit_to_context` makes one record fit a model's context for interactive use
+(`gptlab chat`): a long input is cropped at its end, never the instruction or
+the template, and the answer is capped at the room the context leaves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import tiktoken
 from rouge_score import rouge_scorer
 from tqdm import tqdm
 
 from gptlab.datasets.instruct import RESPONSE_HEADER, format_input
+from gptlab.errors import InputError
 from gptlab.generate import generate
 from gptlab.model import GPTModel
-from gptlab.tokenizer import END_OF_TEXT_ID, text_to_token_ids, token_ids_to_text
+from gptlab.tokenizer import END_OF_TEXT, END_OF_TEXT_ID, text_to_token_ids, token_ids_to_text
 
 
 def extract_response(generated_text: str, prompt: str) -> str:
@@ -35,6 +41,73 @@ def generate_response(
     ids = text_to_token_ids(prompt, tokenizer)  # (1, t)
     out = generate(model, ids, max_new_tokens, eos_id=END_OF_TEXT_ID, use_cache=True)  # (1, t + n)
     return extract_response(token_ids_to_text(out, tokenizer), prompt)
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """A record whose prompt fits the context, and what was given up to make it fit."""
+
+    entry: dict[str, str]
+    max_new_tokens: int
+    prompt_tokens: int
+    input_tokens: int  # of the input as given
+    input_tokens_kept: int  # fewer than input_tokens when the input was cropped
+
+    @property
+    def input_cropped(self) -> bool:
+        return self.input_tokens_kept < self.input_tokens
+
+
+def fit_to_context(
+    tokenizer: tiktoken.Encoding, entry: Mapping[str, str], *, context_length: int, max_new_tokens: int
+) -> FittedPrompt:
+    """Crop `entry`'s input (at its end) and cap `max_new_tokens` so prompt + answer fit the context.
+
+    The answer keeps the room asked for, up to half the context; a longer input gives way,
+    keeping its first tokens. The instruction and the prompt template are never cropped: when
+    they alone leave no room for an answer, that is an InputError. Afterwards `max_new_tokens` is
+    capped at what the context leaves after the prompt, so generation never slides the window
+    (which would drop the instruction) and always ends.
+    """
+
+    def prompt_tokens(input_text: str) -> int:
+        text = format_input({**entry, "input": input_text})
+        return len(tokenizer.encode(text, allowed_special={END_OF_TEXT}))
+
+    input_ids = tokenizer.encode(entry["input"], allowed_special={END_OF_TEXT})
+
+    def cropped(keep: int) -> str:
+        return tokenizer.decode(input_ids[:keep]).rstrip("\ufffd")  # no half of a multi-byte character
+
+    fixed = prompt_tokens(cropped(0))
+    if fixed >= context_length:
+        raise InputError(
+            f"the instruction is {fixed} tokens with the prompt template, and the model's context is "
+            f"{context_length} tokens: no room is left for an answer; shorten the instruction "
+            "(a long text belongs in --input, which is cropped to fit)"
+        )
+    answer_room = min(max_new_tokens, context_length // 2, context_length - fixed)
+    keep = len(input_ids)
+    if prompt_tokens(entry["input"]) + answer_room > context_length:
+        low, high = 0, len(input_ids)  # the most input tokens that still fit
+        while low < high:
+            middle = (low + high + 1) // 2
+            if prompt_tokens(cropped(middle)) + answer_room <= context_length:
+                low = middle
+            else:
+                high = middle - 1
+        keep = low
+        while keep > 0 and prompt_tokens(cropped(keep)) + answer_room > context_length:
+            keep -= 1  # byte-pair merges across the cut are not quite monotonic
+    fitted = {**entry, "input": cropped(keep) if keep < len(input_ids) else entry["input"]}
+    used = prompt_tokens(fitted["input"])
+    return FittedPrompt(
+        entry=dict(fitted),
+        max_new_tokens=min(max_new_tokens, context_length - used),
+        prompt_tokens=used,
+        input_tokens=len(input_ids),
+        input_tokens_kept=keep,
+    )
 
 
 def generate_responses(

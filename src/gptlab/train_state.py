@@ -44,7 +44,7 @@ from torch import nn
 from gptlab import distributed
 from gptlab.checkpoint import WEIGHTS_FILE, save_model
 from gptlab.errors import GptlabError, InputError
-from gptlab.files import atomic_path
+from gptlab.files import atomic_path, fsync_dir
 from gptlab.model import GPTModel
 
 # Resumable training runs, one folder per stage and fingerprint (gitignored).
@@ -346,7 +346,7 @@ def save_training_checkpoint(
             shutil.rmtree(replaced)
         else:
             os.replace(tmp, final)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         return final
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -383,15 +383,6 @@ def load_training_checkpoint(
     if not isinstance(state, dict):
         raise CheckpointError(f"{state_path}: expected a dict of training state, got {type(state).__name__}")
     return weights, state
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------- #

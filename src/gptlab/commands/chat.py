@@ -3,6 +3,10 @@
 The instruction (and optional input) is put into the Alpaca prompt the model
 was tuned on and answered greedily with the KV cache, stopping at
 end-of-text: exactly how the instruct-finetune stage answered its test set.
+
+The prompt and the answer must fit the model's context: an input too long for
+it is cropped at its end (the instruction and the template never are), and the
+answer is capped at the room left, each with a warning on stderr.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import CONFIG_FILE, load_model
     from gptlab.config import load_params
     from gptlab.paths import INSTRUCT_MODEL
-    from gptlab.responses import generate_response
+    from gptlab.responses import fit_to_context, generate_response
     from gptlab.runtime import resolve_device
     from gptlab.tokenizer import load_tokenizer
 
@@ -76,5 +80,24 @@ def run(args: argparse.Namespace) -> int:
             f"{model_dir} is a classifier, not a language model: point --model at models/instruct"
         )
     entry = {"instruction": args.instruction, "input": args.input, "output": ""}
-    print(generate_response(model, load_tokenizer(raw_dir), entry, max_new_tokens=max_new_tokens))
+    tokenizer = load_tokenizer(raw_dir)
+    context = model.cfg.context_length
+    fitted = fit_to_context(tokenizer, entry, context_length=context, max_new_tokens=max_new_tokens)
+    if fitted.input_cropped:
+        _warn(
+            f"the input is {fitted.input_tokens} tokens, too long for the model's context of {context} "
+            f"tokens with the instruction and room for the answer; cropped to its first "
+            f"{fitted.input_tokens_kept} tokens (the instruction and the prompt template are kept whole)"
+        )
+    if fitted.max_new_tokens < max_new_tokens:
+        asked = "--max-new-tokens" if args.max_new_tokens is not None else "instruct.max_new_tokens"
+        _warn(
+            f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
+            f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"
+        )
+    print(generate_response(model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens))
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"gptlab chat: warning: {message}", file=sys.stderr)

@@ -97,12 +97,15 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     messages = list(texts)
     if file is not None:
         if file == "-":
-            lines = sys.stdin.read().splitlines()
+            buffer = getattr(sys.stdin, "buffer", None)  # bytes, decoded below; absent if already text
+            lines = (
+                sys.stdin.read().splitlines() if buffer is None else _decode_lines(buffer.read(), "<stdin>")
+            )
         else:
             path = Path(file)
             if not path.is_file():
                 raise FileNotFoundError(f"--file {path}: no such file")
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = _decode_lines(path.read_bytes(), str(path))
         messages += [line for line in lines if line.strip()]
     if not messages:
         raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
@@ -110,3 +113,15 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     if empty:
         raise InputError(f"message {empty[0] + 1} is empty: give some text to classify")
     return messages
+
+
+def _decode_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 `data`; text in another encoding is an InputError naming the file and line."""
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"--file {name}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "save the file as UTF-8"
+        ) from exc

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.commands.metrics import check
-from gptlab.metrics_check import DEFAULT_BASELINE
+from gptlab.metrics_check import DEFAULT_BASELINE, check
 from gptlab.smoke import DEFAULT_PROFILE, run_profile
 
 

@@ -18,6 +18,7 @@ import tiktoken
 import torch
 from torch.utils.data import Dataset
 
+from gptlab.datasets import load_token_ids
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.tokenizer import END_OF_TEXT_ID
@@ -130,7 +131,7 @@ class SpamDataset(Dataset):
             if not path.is_file():
                 raise FileNotFoundError(f"{path} not found: run `dvc repro tokenize` first")
         frame = read_split_csv(csv_path)
-        ids = np.load(npy_path, allow_pickle=False)
+        ids = load_token_ids(npy_path)
         if ids.ndim != 2 or len(ids) != len(frame):
             raise InputError(
                 f"{npy_path} holds shape {ids.shape} but {csv_path} has {len(frame)} rows: "

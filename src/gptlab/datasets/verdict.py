@@ -11,6 +11,7 @@ import tiktoken
 import torch
 from torch.utils.data import Dataset
 
+from gptlab.datasets import load_token_ids
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.tokenizer import END_OF_TEXT
@@ -50,7 +51,7 @@ def load_split(processed_dir: Path | str, split: str) -> np.ndarray:
     path = split_path(processed_dir, split)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `dvc repro tokenize` first")
-    return np.load(path, allow_pickle=False)
+    return load_token_ids(path)
 
 
 class GPTDatasetV1(Dataset):

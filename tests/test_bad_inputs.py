@@ -1,0 +1,672 @@
+"""Bad inputs, one table per command (issue 14): each is refused with a message naming what is wrong,
+the CLI's exit code tells "could not run" (2) from "a check failed" (1), and nothing is written or
+overwritten on the way.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from gptlab import cli
+from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
+from gptlab.config import JudgeConfig
+from gptlab.datasets import spam, verdict
+from gptlab.datasets.instruct import PREAMBLE, format_input
+from gptlab.errors import GptlabError
+from gptlab.hf_gpt2 import load_hf_folder
+from gptlab.metrics_check import load_baseline
+from gptlab.model import GPTModel
+from gptlab.typed_config import ConfigError, build
+
+TINY = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (hidden ones too) with its bytes: equal snapshots, nothing changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The CLI's stderr, checked to be one `gptlab COMMAND: ...` line and no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gptlab {command}: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    return save_model(GPTModel(TINY).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})
+
+
+# --------------------------------------------------------------------------- #
+# 1. gptlab export: never into a checkpoint, the source or a non-empty folder
+# --------------------------------------------------------------------------- #
+
+
+def _other_checkpoint(tmp_path: Path, source: Path) -> Path:
+    return save_model(GPTModel(TINY), tmp_path / "models" / "other")
+
+
+def _non_empty(tmp_path: Path, source: Path) -> Path:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"mine": true}\n')
+    (folder / "todo.txt").write_text("keep me\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("target", "force", "message"),
+    [
+        (lambda tmp, src: src, False, "is the checkpoint being exported"),
+        (lambda tmp, src: src, True, "is the checkpoint being exported"),
+        (
+            lambda tmp, src: tmp / "models" / "pretrain" / ".." / "pretrain",
+            True,
+            "is the checkpoint being exported",
+        ),
+        (lambda tmp, src: tmp / "models", True, "holds the checkpoint being exported"),
+        (_other_checkpoint, False, "is a gptlab checkpoint"),
+        (_other_checkpoint, True, "is a gptlab checkpoint"),
+        (_non_empty, False, "is not empty"),
+        (lambda tmp, src: (tmp / "file.txt").write_text("x") and tmp / "file.txt", True, "is not a folder"),
+    ],
+    ids=[
+        "source",
+        "source-force",
+        "source-other-spelling",
+        "ancestor-force",
+        "checkpoint",
+        "checkpoint-force",
+        "non-empty",
+        "a-file",
+    ],
+)
+def test_export_refuses_and_writes_nothing(
+    tmp_path: Path,
+    checkpoint: Path,
+    capsys: pytest.CaptureFixture[str],
+    target: Callable[[Path, Path], Path],
+    force: bool,
+    message: str,
+) -> None:
+    out = target(tmp_path, checkpoint)
+    before = snapshot(tmp_path)
+
+    argv = ["export", str(checkpoint), str(out)] + (["--force"] if force else [])
+    assert cli.main(argv) == 2
+
+    line = one_line_error(capsys, "export")
+    assert message in line and str(out) in line
+    assert snapshot(tmp_path) == before  # byte-identical, and no temp folder left behind
+    load_model(checkpoint)  # still a valid gptlab checkpoint
+
+
+def test_export_into_non_empty_folder_with_force_replaces_it(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _non_empty(tmp_path, checkpoint)
+    assert cli.main(["export", str(checkpoint), str(out)]) == 2
+    assert "--force" in one_line_error(capsys, "export")
+
+    assert cli.main(["export", str(checkpoint), str(out), "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    assert load_hf_folder(out).cfg.emb_dim == TINY.emb_dim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "notes"]  # no temp or backup folder
+
+
+def test_export_into_empty_or_new_folder_is_fine(tmp_path: Path, checkpoint: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["export", str(checkpoint), str(tmp_path / "empty")]) == 0
+    assert cli.main(["export", str(checkpoint), str(tmp_path / "new" / "deeper")]) == 0
+    assert snapshot(tmp_path / "empty") == snapshot(tmp_path / "new" / "deeper")
+
+
+def test_export_failure_midway_leaves_the_old_folder(
+    tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _non_empty(tmp_path, checkpoint)
+    before = snapshot(tmp_path)
+
+    def broken_save(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("disk full, say")
+
+    monkeypatch.setattr("gptlab.hf_gpt2.save_file", broken_save)
+    with pytest.raises(RuntimeError, match="disk full"):
+        cli.main(["export", str(checkpoint), str(out), "--force"])
+    assert snapshot(tmp_path) == before
+
+
+def test_export_into_unwritable_folder_names_it(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    out = locked / "hf"
+    real_mkdir = os.mkdir
+
+    def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:  # what a read-only folder answers
+        if Path(path).parent == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert cli.main(["export", str(checkpoint), str(out)]) == 2
+    line = one_line_error(capsys, "export")
+    assert str(out) in line and "Permission denied" in line
+    assert list(locked.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_export_into_read_only_folder_names_it(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        assert cli.main(["export", str(checkpoint), str(locked / "hf")]) == 2
+    finally:
+        locked.chmod(0o755)
+    assert str(locked / "hf") in one_line_error(capsys, "export")
+
+
+# --------------------------------------------------------------------------- #
+# 5. gptlab metrics: 1 = regressed or missing, 2 = could not check; a baseline can be created
+# --------------------------------------------------------------------------- #
+
+GOOD_BASELINE = {
+    "metrics": {
+        "pretrain/metrics.json": {"val_loss": {"baseline": 6.0, "direction": "lower", "tolerance": 0.05}}
+    }
+}
+
+
+def write_reports(root: Path, val_loss: float = 5.9) -> Path:
+    reports = root / "reports"
+    (reports / "pretrain").mkdir(parents=True, exist_ok=True)
+    (reports / "spam").mkdir(parents=True, exist_ok=True)
+    (reports / "eval").mkdir(parents=True, exist_ok=True)
+    pretrain = {"val_loss": val_loss, "final_val_perplexity": 400.0, "steps": 10, "epochs": 1}
+    (reports / "pretrain" / "metrics.json").write_text(json.dumps(pretrain))
+    spam_metrics = {"test": {"accuracy": 0.9, "f1": 0.8, "confusion_matrix": [[1, 2], [3, 4]]}}
+    (reports / "spam" / "metrics.json").write_text(json.dumps(spam_metrics))
+    (reports / "eval" / "metrics.json").write_text(
+        json.dumps({"val_loss": 6.5, "val_perplexity": float("inf")})
+    )
+    return reports
+
+
+@pytest.mark.parametrize(
+    ("baseline_text", "message"),
+    [
+        ("metrics:\n  pretrain/metrics.json: {val_loss: [1, 2\n", "line 3"),
+        ("metrics:\n  - just a list\n", "expected a mapping"),
+        ("metrics:\n  pretrain/metrics.json: [val_loss]\n", "metrics.pretrain/metrics.json"),
+        ("metrics:\n  pretrain/metrics.json:\n    val_loss: 6.0\n", "metrics.pretrain/metrics.json.val_loss"),
+        ("\xff\xfe garbage", "not UTF-8"),
+    ],
+    ids=["yaml-syntax", "wrong-shape", "file-not-a-mapping", "guard-not-a-mapping", "binary"],
+)
+@pytest.mark.parametrize("action", ["check", "update-baseline"])
+def test_malformed_baseline_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], baseline_text: str, message: str, action: str
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_bytes(baseline_text.encode("latin-1"))
+    reports = write_reports(tmp_path)
+    before = snapshot(tmp_path)
+
+    assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(reports)]) == 2
+
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and message in line
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_baseline_or_reports_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    reports = write_reports(tmp_path)
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and f"gptlab metrics update-baseline --baseline {baseline}" in line
+
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    for action in ("check", "update-baseline"):
+        nowhere = tmp_path / "nowhere"
+        assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
+        assert f"reports folder {nowhere} not found" in one_line_error(capsys, "metrics")
+    assert baseline.read_text() == yaml.safe_dump(GOOD_BASELINE)
+
+
+def test_unreadable_metrics_file_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_reports(tmp_path)
+    (reports / "pretrain" / "metrics.json").write_text('{"val_loss": 5.')
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports / "pretrain" / "metrics.json") in line and "not valid JSON" in line
+
+
+def test_regression_and_missing_metric_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_reports(tmp_path, val_loss=7.0)
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "regressed" in capsys.readouterr().out
+    (reports / "pretrain" / "metrics.json").unlink()
+    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "missing" in capsys.readouterr().out
+
+
+def test_update_baseline_creates_a_new_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reports = write_reports(tmp_path)
+    new = tmp_path / "baselines" / "new.yaml"
+
+    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 0
+    assert f"created {new}" in capsys.readouterr().out
+
+    guards = load_baseline(new)
+    assert set(guards) == {"pretrain/metrics.json", "spam/metrics.json", "eval/metrics.json"}
+    assert set(guards["pretrain/metrics.json"]) == {"val_loss", "final_val_perplexity"}  # counts left out
+    loss = guards["pretrain/metrics.json"]["val_loss"]
+    assert (loss.baseline, loss.direction) == (5.9, "lower") and 0 < loss.tolerance < 0.5
+    accuracy = guards["spam/metrics.json"]["test.accuracy"]
+    assert (accuracy.baseline, accuracy.direction, accuracy.tolerance) == (0.9, "higher", 0.03)
+    assert set(guards["eval/metrics.json"]) == {"val_loss"}  # an infinite perplexity cannot be a baseline
+    assert new.read_text().startswith("#")  # says how it was made and how to update it
+    assert cli.main(["metrics", "check", "--baseline", str(new), "--reports", str(reports)]) == 0
+
+
+def test_update_baseline_without_any_metric_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    new = tmp_path / "new.yaml"
+    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports) in line and "update-baseline" not in line
+    assert not new.exists()
+
+
+def test_smoke_command_uses_the_check_of_metrics_check() -> None:
+    import gptlab.commands.smoke as smoke_command
+    import gptlab.metrics_check as metrics_check
+
+    assert smoke_command.check is metrics_check.check
+
+
+# --------------------------------------------------------------------------- #
+# 5. Damaged .npy files and non-UTF-8 text name the file (and the line)
+# --------------------------------------------------------------------------- #
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _truncated(path: Path) -> None:
+    np.save(path, np.arange(200, dtype=np.int32).reshape(2, 100))
+    path.write_bytes(path.read_bytes()[:-50])
+
+
+def _not_npy(path: Path) -> None:
+    path.write_bytes(b"just some text, not an array\n")
+
+
+def _floats(path: Path) -> None:
+    np.save(path, np.ones((2, 4), dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(_pickled, "pickled"), (_truncated, "truncated"), (_not_npy, "not a NumPy"), (_floats, "integer")],
+    ids=["pickled", "truncated", "not-npy", "floats"],
+)
+@pytest.mark.parametrize("dataset", ["verdict", "spam"])
+def test_damaged_npy_names_the_file(
+    tmp_path: Path, damage: Callable[[Path], None], message: str, dataset: str
+) -> None:
+    processed = tmp_path / "processed"
+    if dataset == "verdict":
+        path = verdict.split_path(processed, "train")
+        path.parent.mkdir(parents=True)
+        damage(path)
+        load = lambda: verdict.load_split(processed, "train")  # noqa: E731
+    else:
+        csv_path, path = spam.split_paths(processed, "train")
+        path.parent.mkdir(parents=True)
+        csv_path.write_text("text,label\nhello,0\nwin now,1\n")
+        damage(path)
+        load = lambda: spam.SpamDataset(processed, "train")  # noqa: E731
+    before = snapshot(tmp_path)
+    with pytest.raises(GptlabError, match=message) as info:
+        load()
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("via_stdin", [False, True], ids=["file", "stdin"])
+def test_classify_non_utf8_file_names_file_and_line(
+    tmp_path: Path,
+    checkpoint: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    via_stdin: bool,
+) -> None:
+    messages = tmp_path / "messages.txt"
+    messages.write_bytes("hello there\n\nfree prize\nvoil\xe0 une offre\n".encode("latin-1"))
+    if via_stdin:
+
+        class Stdin:
+            buffer = io.BytesIO(messages.read_bytes())
+
+        monkeypatch.setattr("sys.stdin", Stdin)
+    source = "-" if via_stdin else str(messages)
+    assert cli.main(["classify", "--file", source, "--model", str(checkpoint)]) == 2
+    line = one_line_error(capsys, "classify")
+    assert ("<stdin>" if via_stdin else str(messages)) in line
+    assert "line 4" in line and "UTF-8" in line
+
+
+def test_classify_reads_utf8_lines_from_a_file_or_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptlab.commands.classify import _read_texts
+
+    messages = tmp_path / "messages.txt"
+    messages.write_text("voilà\r\n\nfree prize 😀\n", encoding="utf-8")
+    assert _read_texts(["first"], str(messages)) == ["first", "voilà", "free prize 😀"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("from a text stream\n"))  # no .buffer: already text
+    assert _read_texts([], "-") == ["from a text stream"]
+
+
+# --------------------------------------------------------------------------- #
+# 6. The judge: no redirects with the key, no key over plain HTTP to other hosts
+# --------------------------------------------------------------------------- #
+
+
+class Recorder:
+    """A local HTTP server that records each request's method, path and headers, and answers `reply`."""
+
+    def __init__(self, reply: Callable[[BaseHTTPRequestHandler], None]) -> None:
+        self.requests: list[dict[str, Any]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def handle_any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                owner.requests.append(
+                    {"method": self.command, "path": self.path, "headers": dict(self.headers)}
+                )
+                reply(self)
+
+            do_GET = do_POST = handle_any
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chat_reply(handler: BaseHTTPRequestHandler) -> None:
+    payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "100"}}]}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[Recorder, Recorder]]:
+    """(judge, elsewhere): the judge answers every request with a 302 to `elsewhere`."""
+    elsewhere = Recorder(_chat_reply)
+
+    def redirect(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", f"{elsewhere.base}/v1/chat/completions")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    judge = Recorder(redirect)
+    yield judge, elsewhere
+    judge.close()
+    elsewhere.close()
+
+
+def judge_config(url: str, **extra: Any) -> JudgeConfig:
+    section = {"enabled": True, "api": "openai", "url": url, "model": "llama3", "timeout_s": 5, **extra}
+    return build(JudgeConfig, section, "instruct.judge")
+
+
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no-key"])
+def test_judge_refuses_redirects(
+    servers: tuple[Recorder, Recorder], monkeypatch: pytest.MonkeyPatch, with_key: bool
+) -> None:
+    from gptlab.judge import API_KEY_ENV, JudgeError, check_judge, judge_one
+
+    judge, elsewhere = servers
+    if with_key:
+        monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    else:
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+    cfg = judge_config(f"{judge.base}/v1/chat/completions")
+
+    with pytest.raises(JudgeError, match="redirect") as info:
+        check_judge(cfg)
+    assert cfg.url in str(info.value) and elsewhere.base in str(info.value)
+    assert "sk-secret-123" not in str(info.value)
+    verdict = judge_one(cfg, {"instruction": "Say hi.", "input": "", "output": "hi"}, "hi")
+    assert verdict.score is None and "redirect" in verdict.reply
+
+    assert len(judge.requests) == 2
+    assert judge.requests[0]["headers"].get("Authorization") == ("Bearer sk-secret-123" if with_key else None)
+    assert elsewhere.requests == []  # the key (and the prompt) never reached the redirect target
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://judge.example.com/v1/chat/completions", False),
+        ("http://10.1.2.3:8000/v1/chat/completions", False),
+        ("http://127.0.0.2:8000/v1/chat/completions", True),  # loopback
+        ("http://localhost:8000/v1/chat/completions", True),
+        ("http://[::1]:8000/v1/chat/completions", True),
+        ("https://judge.example.com/v1/chat/completions", True),
+    ],
+)
+def test_judge_key_never_goes_over_plain_http_to_other_hosts(
+    monkeypatch: pytest.MonkeyPatch, url: str, allowed: bool
+) -> None:
+    from gptlab import judge
+    from gptlab.judge import API_KEY_ENV, JudgeError, check_judge
+
+    sent: list[str] = []
+
+    def fake_open(request: Any, timeout: float) -> Any:  # nothing leaves the machine
+        sent.append(request.full_url)
+        raise OSError("not connecting in a test")
+
+    monkeypatch.setattr(judge._OPENER, "open", fake_open)
+    monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    if allowed:
+        with pytest.raises(JudgeError, match="unreachable"):
+            check_judge(judge_config(url))
+        assert sent == [url]
+        return
+    with pytest.raises(JudgeError, match="allow_insecure_http") as info:
+        check_judge(judge_config(url))
+    assert url in str(info.value) and "sk-secret-123" not in str(info.value)
+    assert sent == []
+
+    # Without a key there is nothing to leak; with the explicit opt-in the key is sent.
+    monkeypatch.delenv(API_KEY_ENV)
+    with pytest.raises(JudgeError, match="unreachable"):
+        check_judge(judge_config(url))
+    monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    with pytest.raises(JudgeError, match="unreachable"):
+        check_judge(judge_config(url, allow_insecure_http=True))
+    assert sent == [url, url]
+
+
+def test_judge_allow_insecure_http_is_a_checked_bool() -> None:
+    assert judge_config("http://localhost:1/x").allow_insecure_http is False
+    with pytest.raises(ConfigError, match=r"instruct\.judge\.allow_insecure_http"):
+        judge_config("http://localhost:1/x", allow_insecure_http="yes")
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    assert params["instruct"]["judge"]["allow_insecure_http"] is False
+
+
+# --------------------------------------------------------------------------- #
+# 7. gptlab chat: crop the input, never the template; cap the answer at the context
+# --------------------------------------------------------------------------- #
+
+CHAT_CONTEXT = 96
+
+
+@pytest.fixture
+def chat_model(tmp_path: Path) -> Path:
+    """A tiny language model over GPT-2's vocabulary that never says end-of-text (answers run to the cap)."""
+    torch.manual_seed(0)
+    model = GPTModel(
+        ModelConfig(context_length=CHAT_CONTEXT, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    )
+    with torch.no_grad():  # the final norm outputs a fixed vector that the head maps to ","
+        model.final_norm.scale.zero_()
+        model.final_norm.shift.zero_()
+        model.final_norm.shift[0] = 1.0
+        model.out_head.weight.zero_()
+        model.out_head.weight[11, 0] = 1.0  # "," is id 11
+    return save_model(model.eval(), tmp_path / "instruct")
+
+
+@pytest.fixture
+def generate_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, int]]:
+    import gptlab.responses
+
+    calls: list[tuple[torch.Tensor, int]] = []
+    real = gptlab.responses.generate
+
+    def spy(model: GPTModel, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
+        calls.append((idx.clone(), max_new_tokens))
+        return real(model, idx, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(gptlab.responses, "generate", spy)
+    return calls
+
+
+def chat(model: Path, shared_data: Path, *args: str) -> int:
+    return cli.main(["chat", *args, "--model", str(model), "--raw-dir", str(shared_data)])
+
+
+def test_chat_long_input_is_cropped_not_the_instruction(
+    chat_model: Path,
+    shared_data: Path,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    instruction = "Summarize the text."
+    long_input = " ".join(f"word{i}" for i in range(400))
+    before = snapshot(chat_model)
+
+    assert chat(chat_model, shared_data, instruction, "--input", long_input, "--max-new-tokens", "20") == 0
+
+    out, err = capsys.readouterr()
+    assert out.strip().startswith(",")  # the model's answer
+    assert "warning" in err and "input" in err and "cropped" in err and "Traceback" not in err
+    ((idx, max_new),) = generate_calls
+    prompt = tokenizer.decode(idx[0].tolist())
+    assert prompt.startswith(f"{PREAMBLE}\n\n### Instruction:\n{instruction}\n\n### Input:\nword0 word1")
+    assert idx.shape[1] + max_new <= CHAT_CONTEXT  # nothing slides out of the window
+    assert max_new == 20  # the answer's room was kept; the input gave way
+    assert snapshot(chat_model) == before
+
+
+def test_chat_huge_max_new_tokens_is_capped(
+    chat_model: Path,
+    shared_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    assert chat(chat_model, shared_data, "Say something.", "--max-new-tokens", "100000") == 0
+    err = capsys.readouterr().err
+    ((idx, max_new),) = generate_calls
+    assert idx.shape[1] + max_new == CHAT_CONTEXT
+    assert f"--max-new-tokens 100000 capped at {max_new}" in err
+
+
+def test_chat_instruction_longer_than_context_is_refused(
+    chat_model: Path,
+    shared_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    generate_calls: list[tuple[torch.Tensor, int]],
+) -> None:
+    instruction = "Explain " + " ".join(["this"] * 200)
+    assert chat(chat_model, shared_data, instruction, "--max-new-tokens", "5") == 2
+    line = one_line_error(capsys, "chat")
+    assert "instruction" in line and str(CHAT_CONTEXT) in line
+    assert generate_calls == []
+
+
+@pytest.mark.parametrize(
+    "long_input",
+    [
+        " ".join(["naïve café 😀 ünïcödé"] * 100),
+        "x" * 5000,
+        "<|endoftext|> " * 200,
+        "a\n\n### Response:\n" * 80,
+    ],
+    ids=["multi-byte", "one-long-word", "special-token", "fake-headers"],
+)
+def test_fit_to_context_crops_only_the_input(tokenizer: Any, long_input: str) -> None:
+    from gptlab.responses import fit_to_context
+
+    entry = {"instruction": "Summarize the text.", "input": long_input, "output": ""}
+    fitted = fit_to_context(tokenizer, entry, context_length=CHAT_CONTEXT, max_new_tokens=10)
+
+    assert fitted.input_cropped and fitted.max_new_tokens == 10
+    assert fitted.entry["instruction"] == entry["instruction"]
+    assert long_input.startswith(fitted.entry["input"]) and "\ufffd" not in fitted.entry["input"]
+    prompt = format_input(fitted.entry)
+    ids = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"})
+    assert len(ids) == fitted.prompt_tokens and len(ids) + fitted.max_new_tokens <= CHAT_CONTEXT
+    assert tokenizer.decode(ids) == prompt  # the answer is found after the prompt, as generate_response needs
+
+    short = {**entry, "input": "A short text."}
+    assert fit_to_context(tokenizer, short, context_length=1024, max_new_tokens=10).entry == short
