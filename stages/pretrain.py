@@ -23,7 +23,6 @@ from gptlab.checkpoint import save_model
 from gptlab.config import Params, TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
 from gptlab.distributed import is_main
-from gptlab.errors import InputError
 from gptlab.files import write_csv, write_figure, write_json
 from gptlab.generate import generate_text
 from gptlab.losses import dataset_loss, next_token_loss, perplexity
@@ -49,11 +48,6 @@ def run(params: Params) -> None:
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
     model_cfg = cfg.model.resolve()
-    if cfg.data.max_length > model_cfg.context_length:
-        raise InputError(
-            f"pretrain.data.max_length={cfg.data.max_length} exceeds pretrain.model.context_length="
-            f"{model_cfg.context_length}: the model cannot read windows that long"
-        )
     data = {
         split: GPTDatasetV1(load_split(processed_dir, split), cfg.data.max_length, cfg.data.stride)
         for split in SPLITS
