@@ -107,3 +107,44 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     for stage in STAGES:
         assert f"'{stage}' didn't change" in second.stdout, second.stdout
     assert len(pipeline_runs(isolated_tools)) == len(STAGES), "a no-op repro runs no stage"
+
+
+@pytest.mark.slow
+def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
+    tmp_path: Path, shared_data: Path, isolated_tools: str
+) -> None:
+    project = tmp_path / "project"
+    copy_project(project)
+    (project / "profiles" / "tiny.yaml").write_text(
+        (PROJECT_ROOT / "profiles" / "smoke.yaml").read_text() + "\n# one epoch is enough here\n",
+        encoding="utf-8",
+    )
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    params_before = (project / "params.yaml").read_bytes()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    gptlab = Path(sys.executable).with_name("gptlab")
+    proc = subprocess.run(
+        [str(gptlab), "run", "--profile", "tiny", "--name", "tiny-check", "pretrain"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
+    assert "tiny-check" in names
+    # The experiment ran in a temporary copy: the workspace's params and outputs are untouched.
+    assert (project / "params.yaml").read_bytes() == params_before
+    assert not (project / "reports" / "pretrain").exists()
+    runs = [r for r in pipeline_runs(isolated_tools) if r.data.tags.get("gptlab.stage") == "pretrain"]
+    assert [r.data.tags.get("gptlab.dvc_exp") for r in runs] == ["tiny-check"]
+    assert runs[0].data.params["pretrain.model.emb_dim"] == "64"  # the profile's tiny model

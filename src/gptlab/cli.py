@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("gptlab.commands.export", "write a checkpoint as a Hugging Face GPT-2 folder"),
     "classify": ("gptlab.commands.classify", "label messages as spam or ham with the fine-tuned classifier"),
     "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
+    "run": ("gptlab.commands.run", "run the pipeline as a DVC experiment with a profile's overrides"),
     "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
     "metrics": ("gptlab.commands.metrics", "compare reports/ with the metrics baseline, or update it"),
     "mirror": (

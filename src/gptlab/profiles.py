@@ -1,0 +1,81 @@
+"""Profiles: YAML files of overrides laid out like params.yaml (profiles/*.yaml).
+
+A profile is checked against the whole params schema before anything runs,
+then handed to `dvc exp run` as `-S key=value` arguments, so DVC records
+exactly which params each experiment used. `gptlab run` runs one in the
+project (its results land in `dvc exp show` beside the default run);
+`gptlab smoke` runs the smoke profile in a throwaway copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptlab.config import Params
+from gptlab.errors import InputError
+from gptlab.typed_config import ConfigError, build
+
+PROFILES_DIR = Path("profiles")
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    """A profile file: the path itself, or profiles/<name>.yaml for a bare name such as `fast`."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
+        path = PROFILES_DIR / f"{path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")) if PROFILES_DIR.is_dir() else []
+        raise InputError(f"profile {path} not found (profiles here: {', '.join(known) or 'none'})")
+    return path
+
+
+def load_overrides(profile: Path, params_file: Path) -> dict[str, Any]:
+    """The profile's overrides as {dotted.key: value}, checked against the full params schema."""
+    overrides = yaml.safe_load(profile.read_text(encoding="utf-8")) or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{profile}: expected a mapping of overrides laid out like params.yaml")
+    params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+    try:
+        build(Params, _merge(params, overrides), "")
+    except ConfigError as exc:
+        raise ConfigError(f"{profile}: {exc}") from None
+    return _flatten(overrides)
+
+
+def set_arguments(overrides: dict[str, Any]) -> list[str]:
+    """`dvc exp run` arguments that apply the overrides (values as JSON, which YAML reads back)."""
+    return [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
+
+
+def experiment_env(project: Path) -> dict[str, str]:
+    """The environment for `dvc exp run`: runs land in the project's MLflow store unless told otherwise."""
+    env = dict(os.environ)
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{project.resolve() / 'mlflow.db'}")
+    env.setdefault("DVC_NO_ANALYTICS", "1")
+    return env
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merge(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _flatten(overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
