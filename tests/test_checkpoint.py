@@ -153,6 +153,7 @@ def test_resume_folder_is_kept_on_failure_and_removed_once_outputs_are_published
     with resume_folder("pretrain", {"lr": 0.1}) as again:
         assert again == folder
     assert not folder.exists()  # finished: nothing left to resume
+    assert list(folder.parent.iterdir()) == []  # nor its lock file
 
 
 def test_a_second_trainer_of_the_same_run_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -77,22 +78,30 @@ def snapshot(project: Path) -> dict[str, bytes]:
     return {name: (project / name).read_bytes() for name in OUTPUTS}
 
 
-def kill_mid_run(project: Path) -> None:
-    """Start the pretrain stage, let it write a checkpoint, then kill -9 it."""
+def newest_step(project: Path) -> int:
+    runs = project / ".gptlab" / "runs" / "pretrain"
+    found = [int(c.name.removeprefix("step-")) for run in runs.glob("*") for c in list_checkpoints(run)]
+    return max(found, default=0)
+
+
+def kill_mid_run(project: Path, delay: float) -> None:
+    """`dvc repro pretrain`, killed with SIGKILL (dvc and the stage together) `delay` s after its first new checkpoint."""
+    after_step = newest_step(project) + 1
     proc = subprocess.Popen(
-        [sys.executable, "-P", "stages/pretrain.py"],
+        [str(Path(sys.executable).with_name("dvc")), "repro", "pretrain"],
         cwd=project,
         env=env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill takes the stage down too
     )
-    runs = project / ".gptlab" / "runs" / "pretrain"
     deadline = time.monotonic() + 300
-    while not any(list_checkpoints(run) for run in runs.glob("*")):
-        assert proc.poll() is None, "the pretrain stage ended before its first checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint appeared within 300 s"
+    while newest_step(project) < after_step:
+        assert proc.poll() is None, f"the pretrain stage ended before step {after_step}"
+        assert time.monotonic() < deadline, f"no checkpoint of step {after_step} within 300 s"
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
+    time.sleep(delay)  # somewhere in the next steps, evaluations or saves
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the kill"
 
@@ -100,7 +109,9 @@ def kill_mid_run(project: Path) -> None:
 @pytest.mark.slow
 def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(project: Path) -> None:
     dvc(project, "repro", "tokenize")
-    kill_mid_run(project)
+    chance = random.Random(20261130)  # three kill points, random but the same every run
+    for _ in range(3):
+        kill_mid_run(project, delay=chance.uniform(0.0, 0.3))
 
     resumed = dvc(project, "repro", "pretrain", "eval")
     assert "resuming from" in resumed.stderr + resumed.stdout
@@ -142,8 +153,10 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     by_name: dict[str, list] = {}
     for run in runs:
         by_name.setdefault(run.info.run_name, []).append(run)
-    killed, resumed_run, rerun = by_name["pretrain"]
-    assert killed.info.status == "RUNNING"  # kill -9 leaves no chance to close it
+    *killed, resumed_run, rerun = by_name["pretrain"]
+    # kill -9 leaves no chance to close a run; each rerun marks its dead predecessors KILLED.
+    assert [run.info.status for run in killed] == ["KILLED"] * 3
+    assert all(run.info.status != "RUNNING" for run in runs)
     assert resumed_run.data.tags["gptlab.resumed_from_step"].isdigit()
     assert "gptlab.resumed_from_step" not in rerun.data.tags
     assert rerun.data.params["pretrain.model.emb_dim"] == "32"

@@ -106,9 +106,11 @@ def resume_folder(stage: str, config: Mapping[str, Any], inputs: Iterable[Path |
         yield folder
         return
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(folder.with_name(f"{folder.name}.lock"), folder):
+    lock = folder.with_name(f"{folder.name}.lock")
+    with _exclusive_lock(lock, folder):
         yield folder
         shutil.rmtree(folder, ignore_errors=True)
+        lock.unlink(missing_ok=True)  # still held here, so no one else is training into the folder
 
 
 @contextmanager
