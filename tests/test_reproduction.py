@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from gptlab.cli import main
 from gptlab.errors import GptlabError
@@ -21,6 +22,7 @@ from gptlab.reproduction import (
     render_markdown,
     write_report,
 )
+from gptlab.tracking import tracking_uri
 
 from helpers import PROJECT_ROOT
 
@@ -175,6 +177,12 @@ def test_cli_writes_the_report_and_exits_0(
     assert "| ✓ |" in text
     assert "not run: needs OpenAI's weights; this run's gpt2.source is pretrain" in text
     assert "1 ✓, 0 ✗, 1 not run" in capsys.readouterr().out
+    # Also logged to MLflow, as a `report` run holding the same text.
+    client = MlflowClient(tracking_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("gptlab").experiment_id])
+    assert run.info.run_name == "report" and run.data.metrics["figures_ok"] == 1
+    logged = Path(client.download_artifacts(run.info.run_id, "REPRODUCTION.md", str(tmp_path / "dl")))
+    assert logged.read_text(encoding="utf-8") == text
 
 
 def test_report_defaults_to_the_reports_folder(tmp_path: Path, reports: Path) -> None:

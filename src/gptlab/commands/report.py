@@ -26,11 +26,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--book", type=Path, default=BOOK_FILE, help="the book's figures (default: %(default)s)"
     )
+    parser.add_argument(
+        "--no-mlflow",
+        action="store_true",
+        help="only write the file; by default it is also logged as a `report` run in the MLflow "
+        "experiment of params.yaml (tracking.experiment)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     out, outcomes = write_report(args.out, book_path=args.book, reports_dir=args.reports)
     counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
+    if not args.no_mlflow:
+        from gptlab.config import load_params
+        from gptlab.tracking import stage_run
+
+        with stage_run(
+            "report", load_params().tracking.experiment, {"reports": str(args.reports)}
+        ) as tracker:
+            tracker.log_metrics({"figures_ok": counts[OK], "figures_off": counts[OFF]})
+            tracker.log_text(out.read_text(encoding="utf-8"), "REPRODUCTION.md")
     print(
         f"{out}: {counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run of {len(outcomes)} "
         "figures from the book"
