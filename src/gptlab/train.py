@@ -97,12 +97,13 @@ def fit(
     """Train `model` in place (only parameters with requires_grad) and return its history.
 
     Resumes from the newest valid checkpoint in `run_dir`, if any. Every
-    `eval_freq` steps the losses of `eval_iter` batches are recorded, of the
-    training data in order and of the validation data, with `count_seen` summed
-    as `seen_name`. `on_epoch_end(epoch, model)` runs after each epoch (1-based;
-    also after a partial last epoch cut short by max_steps) with its own RNG, so
-    it can sample freely without changing the training run; numbers it returns
-    are logged to the tracker.
+    `eval_freq` steps the mean losses of `eval_iter` batches of the training and
+    the validation data are recorded (read through `evaluation_loader`), with
+    `count_seen` summed as `seen_name`. `on_epoch_end(epoch, model)` runs after
+    each epoch (1-based; also after a partial last epoch cut short by max_steps)
+    and what it returns is logged to the tracker: under `rng: book` it draws from
+    the RNG like the book's end-of-epoch code, under `per_epoch` its draws are
+    undone so it cannot change the training run.
 
     Under `torchrun` (WORLD_SIZE > 1) it trains data-parallel: each rank takes
     its share of every epoch's batches, evaluation losses are averaged and
