@@ -84,6 +84,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
         "PYTHONPATH": str(project / "src"),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "OMP_NUM_THREADS": "1",  # a tiny model: threads only add overhead on a shared CPU
+        # System metrics every second (default 10 s): the tiny stage ends within seconds.
+        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
     }
     git(project, "init", "-q")
     dvc(project, "init", "-q", env=env)
