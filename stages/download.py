@@ -26,7 +26,12 @@ def run(params: Params) -> None:
     }
     # Refuse a bad path in params before anything is fetched.
     paths = {name: safe_relative_path(src.path, f"data.sources.{name}.path") for name, src in sources.items()}
-    with stage_run("download", params.tracking.experiment, flatten(params.data, "data")) as tracker:
+    with stage_run(
+        "download",
+        params.tracking.experiment,
+        flatten(params.data, "data"),
+        system_metrics=params.tracking.system_metrics,
+    ) as tracker:
         manifest = {}
         for name, src in sources.items():
             got = fetch(
@@ -43,6 +48,7 @@ def run(params: Params) -> None:
                 "sha256": src.sha256,
             }
             print(f"{name}: {got.path} ({got.size:,} bytes, {got.origin})")
+            tracker.log_input(name, got.path, context="source", profile={"bytes": got.size, "url": src.url})
         tracker.log_metrics({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
         tracker.set_tags({f"origin.{name}": entry["origin"] for name, entry in manifest.items()})
         tracker.log_dict(manifest, "download/manifest.json")

@@ -17,7 +17,7 @@ from typing import Any
 
 from gptlab.checkpoint import load_model
 from gptlab.config import Params
-from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split
 from gptlab.files import write_json
 from gptlab.generate import generate_text
 from gptlab.losses import dataset_loss, perplexity
@@ -37,16 +37,29 @@ def run(params: Params) -> None:
     cfg = params.eval
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
-    model, _ = load_model(PRETRAIN_MODEL, resolve_device("auto"))
+    model, checkpoint_metadata = load_model(PRETRAIN_MODEL, resolve_device("auto"))
     context = model.cfg.context_length
     tokenizer = gpt2_tokenizer(
         raw_dir / params.data.sources.gpt2_vocab_bpe.path,
         raw_dir / params.data.sources.gpt2_encoder_json.path,
     )
-    data = {split: GPTDatasetV1(load_split(processed_dir, split), context, context) for split in SPLITS}
+    tokens = {split: load_split(processed_dir, split) for split in SPLITS}
+    data = {split: GPTDatasetV1(tokens[split], context, context) for split in SPLITS}
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}
-    with stage_run(STAGE, params.tracking.experiment, logged) as tracker:
+    with stage_run(
+        STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
+    ) as tracker:
         tracker.set_tags({"gptlab.checkpoint": PRETRAIN_MODEL.as_posix()})
+        tracker.link_upstream(PRETRAIN_MODEL, checkpoint_metadata)
+        tracker.log_input(
+            "verdict",
+            processed_dir / SUBDIR,
+            context="evaluation",
+            profile={
+                **{f"{split}_tokens": len(ids) for split, ids in tokens.items()},
+                **{f"{split}_windows": len(dataset) for split, dataset in data.items()},
+            },
+        )
         metrics: dict[str, Any] = {}
         for split, dataset in data.items():
             loss = dataset_loss(model, dataset, cfg.batch_size)

@@ -6,8 +6,11 @@ collate function masks padding with -100); then answers every test record
 greedily and scores the answers against the references with ROUGE-L and,
 when instruct.judge.enabled, with a larger judge model as the book does.
 
-Writes models/instruct/ and, under reports/instruct/, metrics.json,
-losses.csv (the loss curve, a DVC plot) and responses.json (the answers).
+Writes models/instruct/ (naming its MLflow run) and, under reports/instruct/,
+metrics.json (losses, ROUGE-L, the judge's mean: DVC metrics), counts.json (steps,
+tokens seen, test records, the judge's counts and histogram), losses.csv (the loss
+curve, a DVC plot) and responses.json (the answers). The MLflow run links the
+load-gpt2 run that wrote its base model.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import torch
 
 from gptlab.checkpoint import load_model, read_config, save_model
 from gptlab.config import InstructConfig, Params
-from gptlab.datasets.instruct import SPLITS, InstructionDataset, instruction_collate, load_split, split_path
+from gptlab.datasets.instruct import (
+    SPLITS,
+    SUBDIR,
+    InstructionDataset,
+    instruction_collate,
+    load_split,
+    split_path,
+)
 from gptlab.distributed import is_main
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_json
@@ -39,7 +49,7 @@ from gptlab.responses import generate_responses, rouge_l
 from gptlab.runtime import autocast
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import StageRun, stage_run
+from gptlab.tracking import RUN_ID_KEY, StageRun, stage_run
 from gptlab.train import fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -74,9 +84,21 @@ def run(params: Params) -> None:
     training = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens")}
     inputs = [base_dir, *(split_path(processed_dir, split) for split in SPLITS)]
     with (
-        stage_run(STAGE, params.tracking.experiment, flatten(cfg, "instruct")) as tracker,
+        stage_run(
+            STAGE,
+            params.tracking.experiment,
+            flatten(cfg, "instruct"),
+            system_metrics=params.tracking.system_metrics,
+        ) as tracker,
         resume_folder(STAGE, training, inputs) as run_dir,
     ):
+        tracker.link_upstream(base_dir, base_metadata)
+        tracker.log_input(
+            "instruct",
+            processed_dir / SUBDIR,
+            context="training",
+            profile={f"{split}_records": len(records) for split, records in splits.items()},
+        )
         model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
         torch.manual_seed(cfg.train.seed)  # the book seeds just before training (chapter 7)
         result = fit(
@@ -96,9 +118,17 @@ def run(params: Params) -> None:
             # The last evaluation of training, over eval_iter batches: the book's reported losses.
             "final_train_loss": _finite(result.history[-1]["train_loss"]) if result.history else None,
             "final_val_loss": _finite(result.history[-1]["val_loss"]) if result.history else None,
+        }
+        # Counts are no metrics to compare across experiments: they go to counts.json.
+        counts: dict[str, Any] = {
             "steps": result.steps,
             "tokens_seen": result.seen,
+            "test_records": metrics.pop("test_records"),
         }
+        if "judge" in metrics:
+            judge = metrics.pop("judge")
+            metrics["judge"] = {"mean": judge["mean"]}
+            counts["judge"] = {k: v for k, v in judge.items() if k != "mean"}
         save_model(
             model,
             INSTRUCT_MODEL,
@@ -110,11 +140,12 @@ def run(params: Params) -> None:
                 "tokens_seen": result.seen,
                 "mask_prompt": cfg.mask_prompt,
                 "allowed_max_length": cfg.allowed_max_length,
+                RUN_ID_KEY: tracker.run_id,
             },
         )
-        _write_reports(result.history, responses, metrics)
-        _log(tracker, responses, metrics, judged=cfg.judge.enabled)
-    print(json.dumps(metrics, indent=2, sort_keys=True))
+        _write_reports(result.history, responses, metrics, counts)
+        _log(tracker, responses, metrics, counts, judged=cfg.judge.enabled, step=result.global_step)
+    print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
 def _answer_and_score(
@@ -158,18 +189,29 @@ def _answer_and_score(
 
 
 def _write_reports(
-    history: list[dict[str, Any]], responses: list[dict[str, Any]], metrics: dict[str, Any]
+    history: list[dict[str, Any]],
+    responses: list[dict[str, Any]],
+    metrics: dict[str, Any],
+    counts: dict[str, Any],
 ) -> None:
     write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(history, columns=LOSS_COLUMNS))
     write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
     write_json(REPORT_DIR / "metrics.json", metrics, allow_nan=False)
+    write_json(REPORT_DIR / "counts.json", counts)
 
 
 def _log(
-    tracker: StageRun, responses: list[dict[str, Any]], metrics: dict[str, Any], *, judged: bool
+    tracker: StageRun,
+    responses: list[dict[str, Any]],
+    metrics: dict[str, Any],
+    counts: dict[str, Any],
+    *,
+    judged: bool,
+    step: int,
 ) -> None:
-    """The metrics, a table of every answer with its scores, the reports and the checkpoint."""
-    tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None})
+    """The metrics (at the last step), a table of every answer with its scores, the reports and the checkpoint."""
+    tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None}, step=step)
+    tracker.set_tags({f"gptlab.{name}": counts[name] for name in ("steps", "tokens_seen", "test_records")})
     table: dict[str, list[Any]] = {
         "instruction": [r["instruction"] for r in responses],
         "input": [r["input"] for r in responses],

@@ -11,9 +11,11 @@ instruct.base_model), writes a gptlab checkpoint to models/gpt2/<name>/:
   network at all.
 Each model is then checked as the book does: loss and perplexity on The Verdict
 (the metric names of the eval stage) and a seeded sample. One MLflow run per
-model, named load-gpt2 and tagged gptlab.base_model=<name>, so each sits beside
+model, named load-gpt2/<name> and tagged gptlab.base_model=<name>, so each sits beside
 the eval stage's run of our pretrained model in the UI with the same metric
-columns; all of it also goes to reports/load-gpt2/{metrics,samples}.json.
+columns; all of it also goes to reports/load-gpt2/{metrics,samples}.json. With
+gpt2.source pretrain the run links the pretrain run that wrote models/pretrain, and
+each checkpoint's metadata names its own load-gpt2 run, for the fine-tunes to link.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
 from gptlab.config import Params
-from gptlab.datasets.verdict import GPTDatasetV1, load_split
+from gptlab.datasets.verdict import SPLITS, SUBDIR, GPTDatasetV1, load_split
 from gptlab.errors import InputError
 from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
 from gptlab.files import write_json
@@ -38,7 +40,7 @@ from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
+from gptlab.tracking import RUN_ID_KEY, stage_run
 from gptlab.typed_config import ConfigError, flatten
 
 REPORT_DIR = REPORTS / "load-gpt2"
@@ -78,9 +80,16 @@ def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[
     if params.gpt2.source == "huggingface":
         assert weights is not None, "huggingface source needs its weights file"
         pin = params.gpt2.weights[name]
-        metadata = {"source": "huggingface", "name": name, "url": weights_url(pin), **dataclasses.asdict(pin)}
+        metadata = {
+            "stage": "load-gpt2",
+            "source": "huggingface",
+            "name": name,
+            "url": weights_url(pin),
+            **dataclasses.asdict(pin),
+        }
         return load_hf_weights(weights), metadata
     metadata = {
+        "stage": "load-gpt2",
         "source": "pretrain",
         "name": name,
         "checkpoint": PRETRAIN_MODEL.as_posix(),
@@ -111,10 +120,11 @@ def run(params: Params) -> None:
     cfg = params.gpt2
     names = base_model_names(params)
     # Every input first: a missing one fails before minutes of converting the others.
+    pretrain_metadata: dict[str, Any] | None = None
     if cfg.source == "huggingface":
         weights: dict[str, Path | None] = {name: obtain_weights(name, params) for name in names}
     else:
-        read_config(PRETRAIN_MODEL)  # a clear error if the pretrain stage has not run
+        _, pretrain_metadata = read_config(PRETRAIN_MODEL)  # a clear error if pretrain has not run
         weights = dict.fromkeys(names)
     sources = params.data.sources
     raw_dir = Path(params.data.raw_dir)
@@ -132,10 +142,29 @@ def run(params: Params) -> None:
     report: dict[str, dict[str, float]] = {}
     samples: dict[str, str] = {}
     for name in names:
-        with stage_run("load-gpt2", params.tracking.experiment, logged) as tracker:
+        with stage_run(
+            "load-gpt2",
+            params.tracking.experiment,
+            logged,
+            system_metrics=params.tracking.system_metrics,
+            run_name=f"load-gpt2/{name}",
+        ) as tracker:
             tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
+            if pretrain_metadata is not None:
+                tracker.link_upstream(PRETRAIN_MODEL, pretrain_metadata)
+            else:
+                url = weights_url(cfg.weights[name])
+                tracker.set_tags({"mlflow.note.content": f"OpenAI's {name} weights from <{url}>."})
+            tracker.log_input(
+                "verdict",
+                Path(params.data.processed_dir) / SUBDIR,
+                context="evaluation",
+                profile={
+                    f"{split}_tokens": len(load_split(params.data.processed_dir, split)) for split in SPLITS
+                },
+            )
             model, metadata = import_base_model(name, params, weights[name])
-            save_model(model, GPT2_MODELS / name, metadata)
+            save_model(model, GPT2_MODELS / name, {**metadata, RUN_ID_KEY: tracker.run_id})
             model.to(device).eval()
             report[name] = verdict_losses(model, params, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)

@@ -1,9 +1,10 @@
 """Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5).
 
 Reads the tokenize stage's data/processed/verdict/{train,val}.npy and writes
-the model to models/pretrain/ (its config and final metrics travel with it),
-reports/pretrain/metrics.json (DVC metrics), reports/pretrain/losses.csv (a DVC
-plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
+the model to models/pretrain/ (its config, final metrics and MLflow run id travel
+with it), reports/pretrain/metrics.json (DVC metrics: the losses and perplexities),
+reports/pretrain/counts.json (steps, epochs, tokens seen), reports/pretrain/losses.csv
+(a DVC plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
 printed after each epoch. Interrupted runs resume from .gptlab/runs/pretrain/.
 Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and writes.
 """
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset
 
 from gptlab.checkpoint import save_model
 from gptlab.config import Params, TrainConfig
-from gptlab.datasets.verdict import GPTDatasetV1, load_split, split_path
+from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.distributed import is_main
 from gptlab.files import write_csv, write_figure, write_json
 from gptlab.generate import generate_text
@@ -32,7 +33,7 @@ from gptlab.plots import plot_losses
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
+from gptlab.tracking import RUN_ID_KEY, stage_run
 from gptlab.train import fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -48,10 +49,8 @@ def run(params: Params) -> None:
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
     model_cfg = cfg.model.resolve()
-    data = {
-        split: GPTDatasetV1(load_split(processed_dir, split), cfg.data.max_length, cfg.data.stride)
-        for split in SPLITS
-    }
+    tokens = {split: load_split(processed_dir, split) for split in SPLITS}
+    data = {split: GPTDatasetV1(tokens[split], cfg.data.max_length, cfg.data.stride) for split in SPLITS}
     tokenizer = gpt2_tokenizer(
         raw_dir / params.data.sources.gpt2_vocab_bpe.path,
         raw_dir / params.data.sources.gpt2_encoder_json.path,
@@ -60,9 +59,20 @@ def run(params: Params) -> None:
     inputs = [split_path(processed_dir, split) for split in SPLITS]
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")}
     with (
-        stage_run(STAGE, params.tracking.experiment, logged) as tracker,
+        stage_run(
+            STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
+        ) as tracker,
         resume_folder(STAGE, fingerprint, inputs) as run_dir,
     ):
+        tracker.log_input(
+            "verdict",
+            processed_dir / SUBDIR,
+            context="training",
+            profile={
+                **{f"{split}_tokens": len(ids) for split, ids in tokens.items()},
+                **{f"{split}_windows": len(dataset) for split, dataset in data.items()},
+            },
+        )
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
         model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
@@ -96,31 +106,41 @@ def run(params: Params) -> None:
             # The last in-training evaluation (eval_iter batches): what the book reports.
             "last_eval_train_loss": result.history[-1]["train_loss"],
             "last_eval_val_loss": result.history[-1]["val_loss"],
-            "steps": result.steps,
-            "epochs": len(result.epochs),
-            "tokens_seen": result.seen,
         }
+        counts = {"steps": result.steps, "epochs": len(result.epochs), "tokens_seen": result.seen}
         save_model(
-            model, PRETRAIN_MODEL, {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics}
+            model,
+            PRETRAIN_MODEL,
+            {
+                "stage": STAGE,
+                "params": flatten(cfg, "pretrain"),
+                "metrics": metrics,
+                "counts": counts,
+                RUN_ID_KEY: tracker.run_id,
+            },
         )
         figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
         write_json(REPORT_DIR / "metrics.json", metrics)
+        write_json(REPORT_DIR / "counts.json", counts)
         write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(result.history, columns=LOSS_COLUMNS))
         write_figure(REPORT_DIR / "loss.png", figure)
 
         samples = "\n\n".join(
             f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs
         )
-        tracker.log_metrics(metrics, step=result.global_step)
+        # The initial losses went out at step 0, before training; the rest at the last step.
+        final_metrics = {k: v for k, v in metrics.items() if not k.startswith("initial_")}
+        tracker.log_metrics(final_metrics, step=result.global_step)
         tracker.log_metrics(
             {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
             step=result.global_step,
         )
+        tracker.set_tags({f"gptlab.{name}": value for name, value in counts.items()})
         tracker.log_figure(figure, "pretrain/loss.png")
         tracker.log_text(samples, "pretrain/samples.txt")
-        tracker.log_artifact(REPORT_DIR, "pretrain/reports")
+        tracker.log_reports(REPORT_DIR, "pretrain/reports", skip=("loss.png",))
         tracker.log_artifact(PRETRAIN_MODEL, "pretrain/model")
-    print(json.dumps(metrics, indent=2, sort_keys=True))
+    print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
 def split_losses(model: nn.Module, data: dict[str, Dataset], cfg: TrainConfig) -> dict[str, float]:

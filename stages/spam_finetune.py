@@ -3,9 +3,12 @@
 Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2) and the
 spam splits under data.processed_dir (stage tokenize). Swaps the LM head for a
 seeded 2-class head, trains what `spam.trainable` selects with the shared
-loop, and writes models/spam/ (the classifier, rebuildable alone) and
-reports/spam/: metrics.json, losses.csv, accuracy.csv, predictions.csv and
-confusion_matrix.png. Everything also goes to the stage's MLflow run.
+loop, and writes models/spam/ (the classifier, rebuildable alone, naming its
+MLflow run) and reports/spam/: metrics.json (accuracy, precision, recall, F1,
+losses: DVC metrics), counts.json (steps, examples seen, trainable parameters,
+each split's confusion matrix), losses.csv, accuracy.csv, predictions.csv and
+confusion_matrix.png. Everything also goes to the stage's MLflow run, which
+links the load-gpt2 run that wrote its base model.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
-from gptlab.tracking import StageRun, stage_run
+from gptlab.tracking import RUN_ID_KEY, StageRun, stage_run
 from gptlab.train import evaluation_loader, fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -88,11 +91,20 @@ def run(params: Params) -> None:
 
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
     with (
-        stage_run(STAGE, params.tracking.experiment, logged) as tracker,
+        stage_run(
+            STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
+        ) as tracker,
         resume_folder(STAGE, fingerprint, inputs) as run_dir,
     ):
         trainable = count_trainable(model)
         tracker.set_tags({"gptlab.base_model": cfg.base_model, "gptlab.trainable_params": trainable})
+        tracker.link_upstream(base_dir, base_metadata)
+        tracker.log_input(
+            "spam",
+            processed_dir / SUBDIR,
+            context="training",
+            profile={f"{split}_rows": len(dataset) for split, dataset in data.items()},
+        )
         print(
             f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
         )
@@ -134,10 +146,16 @@ def run(params: Params) -> None:
         print("after training: " + _percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
         metrics: dict[str, Any] = {
             "initial": initial,
-            **{split: _report_metrics(scores) for split, scores in final.items()},
+            **{
+                split: {name: scores[name] for name in ("accuracy", "precision", "recall", "f1")}
+                for split, scores in final.items()
+            },
+        }
+        counts: dict[str, Any] = {
             "examples_seen": result.seen,
             "steps": result.steps,
             "trainable_params": trainable,
+            "confusion_matrix": {split: _confusion_counts(scores) for split, scores in final.items()},
         }
         if result.history:
             metrics["final_train_loss"] = result.history[-1]["train_loss"]
@@ -154,35 +172,43 @@ def run(params: Params) -> None:
                 "base_metadata": base_metadata,
                 "trainable": cfg.trainable,
                 "metrics": {split: metrics[split] for split in SPLITS},
+                "stage": STAGE,
+                RUN_ID_KEY: tracker.run_id,
             },
         )
         test_actual, test_predicted, test_probs = predictions["test"]
-        _write_reports(metrics, result.history, result.epochs, initial, test_actual, test_predicted)
+        _write_reports(metrics, counts, result.history, result.epochs, initial, test_actual, test_predicted)
         figure = plot_confusion_matrix(
             final["test"]["confusion_matrix"], CLASS_NAMES, "spam-finetune: test set"
         )
         write_figure(REPORT_DIR / "confusion_matrix.png", figure)
-        _log_run(tracker, metrics, final, data["test"], test_actual, test_predicted, test_probs, figure)
+        _log_run(
+            tracker,
+            metrics,
+            counts,
+            final,
+            data["test"],
+            (test_actual, test_predicted, test_probs),
+            figure,
+            step=result.global_step,
+        )
 
 
 def _percentages(scores: dict[str, float]) -> str:
     return " | ".join(f"{name.replace('_', ' ')} {value * 100:.2f}%" for name, value in scores.items())
 
 
-def _report_metrics(scores: dict[str, Any]) -> dict[str, Any]:
-    """Scalar metrics of one split plus its confusion matrix keyed by label names, for DVC."""
-    matrix = scores["confusion_matrix"]  # rows actual, columns predicted
+def _confusion_counts(scores: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """One split's confusion matrix keyed by label names (rows actual, columns predicted)."""
     return {
-        **{name: scores[name] for name in ("accuracy", "precision", "recall", "f1")},
-        "confusion_matrix": {
-            f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
-            for i, row in enumerate(matrix)
-        },
+        f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
+        for i, row in enumerate(scores["confusion_matrix"])
     }
 
 
 def _write_reports(
     metrics: dict[str, Any],
+    counts: dict[str, Any],
     history: list[dict[str, Any]],
     epochs: list[dict[str, Any]],
     initial: dict[str, float],
@@ -190,6 +216,7 @@ def _write_reports(
     predicted: np.ndarray,
 ) -> None:
     write_json(REPORT_DIR / "metrics.json", metrics)
+    write_json(REPORT_DIR / "counts.json", counts)
     write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(history, columns=LOSS_COLUMNS))
     # Epoch 0 is the fresh head, before any training step.
     start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
@@ -204,15 +231,18 @@ def _write_reports(
 def _log_run(
     tracker: StageRun,
     metrics: dict[str, Any],
+    counts: dict[str, Any],
     final: dict[str, dict[str, Any]],
     test_set: SpamDataset,
-    actual: np.ndarray,
-    predicted: np.ndarray,
-    probs: np.ndarray,
+    test_predictions: tuple[np.ndarray, np.ndarray, np.ndarray],
     figure: Figure,
+    *,
+    step: int,
 ) -> None:
-    # The initial accuracies were logged before training.
-    tracker.log_metrics(flatten({k: v for k, v in metrics.items() if k != "initial"}))
+    actual, predicted, probs = test_predictions
+    # The initial accuracies were logged at step 0, before training; the final scores at the last step.
+    tracker.log_metrics(flatten({k: v for k, v in metrics.items() if k != "initial"}), step=step)
+    tracker.set_tags({f"gptlab.{name}": counts[name] for name in ("examples_seen", "steps")})
     for split, scores in final.items():
         tracker.log_dict(
             {
@@ -235,7 +265,7 @@ def _log_run(
         ),
         "spam/test_predictions.json",
     )
-    tracker.log_artifact(REPORT_DIR, "spam/reports")
+    tracker.log_reports(REPORT_DIR, "spam/reports", skip=("confusion_matrix.png",))
     tracker.log_artifact(SPAM_MODEL, "spam/model")
 
 

@@ -3,7 +3,9 @@
 Reads the download stage's files from data.raw_dir and writes under
 data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy}
 and instruct/{train,val,test}.json. Counts, lengths and class balance go to
-reports/tokenize/metrics.json (DVC) and to the stage's MLflow run.
+reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
+and to the stage's MLflow run as `counts.*` params; the three raw datasets are
+the run's inputs, with their DVC content hash and split sizes.
 
 (Named tokenize_data.py, not tokenize.py: a script's folder goes first on the
 import path, and a stages/tokenize.py would shadow the standard library's.)
@@ -25,7 +27,7 @@ from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.typed_config import flatten
 
-REPORT = REPORTS / "tokenize" / "metrics.json"
+REPORT = REPORTS / "tokenize" / "counts.json"
 
 
 def run(params: Params) -> None:
@@ -47,7 +49,9 @@ def run(params: Params) -> None:
         "data.processed_dir": params.data.processed_dir,
         **flatten(cfg, "tokenize"),
     }
-    with stage_run("tokenize", params.tracking.experiment, logged) as tracker:
+    with stage_run(
+        "tokenize", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
+    ) as tracker:
         metrics: dict[str, Any] = {
             "verdict": verdict.prepare(
                 inputs["the_verdict"], processed_dir, tokenizer, cfg.verdict.train_ratio
@@ -71,13 +75,26 @@ def run(params: Params) -> None:
             ),
         }
         write_json(REPORT, metrics)
-        tracker.log_metrics(flatten(metrics))
+        tracker.log_params(flatten(metrics, "counts"))
+        for name in ("verdict", "spam", "instruct"):
+            source = {"verdict": "the_verdict", "spam": "sms_spam", "instruct": "instruction_data"}[name]
+            tracker.log_input(name, inputs[source], context="source", profile=_split_sizes(metrics[name]))
         tracker.log_artifact(REPORT, "tokenize")
         example = instruct.load_split(processed_dir, "train")[:1]
         if example:
             prompt = instruct.format_prompt(example[0]) + example[0]["output"]
             tracker.log_text(prompt, "tokenize/instruct_example.txt")
     print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:
+    """Each split's size (rows, records or tokens) from a dataset's counts."""
+    sizes = {}
+    for split, value in counts.items():
+        if isinstance(value, dict) and split in ("train", "val", "test"):
+            unit = next(k for k in ("rows", "records", "tokens") if k in value)
+            sizes[f"{split}_{unit}"] = value[unit]
+    return sizes
 
 
 if __name__ == "__main__":

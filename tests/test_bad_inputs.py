@@ -32,6 +32,8 @@ from gptlab.metrics_check import load_baseline
 from gptlab.model import GPTModel
 from gptlab.typed_config import ConfigError, build
 
+from helpers import PROJECT_ROOT
+
 TINY = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
 
 
@@ -670,3 +672,31 @@ def test_fit_to_context_crops_only_the_input(tokenizer: Any, long_input: str) ->
 
     short = {**entry, "input": "A short text."}
     assert fit_to_context(tokenizer, short, context_length=1024, max_new_tokens=10).entry == short
+
+
+def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import gptlab.smoke as smoke
+
+    profile = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
+    assert profile["tracking"]["experiment"] == "gptlab-smoke"
+
+    calls: list[dict[str, str]] = []
+    real_run = subprocess.run
+
+    def fake_run(args, *rest, **kwargs):  # only `dvc exp run` is faked: git answers for real
+        if args[0] == "dvc":
+            calls.append(kwargs["env"])
+            return subprocess.CompletedProcess(args, 0)
+        return real_run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(smoke.subprocess, "run", fake_run)
+    monkeypatch.setattr(smoke, "prepare_workspace", lambda project, workdir: None)
+    smoke.run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / "ws")
+    head = real_run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    (env,) = calls
+    assert env["GPTLAB_SOURCE_COMMIT"] == head.stdout.strip()
+    assert env["GPTLAB_SOURCE_DIRTY"] in ("true", "false")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,8 +200,9 @@ def test_spam_bad_input(tmp_path: Path, tokenizer: tiktoken.Encoding, shared_dat
 # --------------------------------------------------------------------------- #
 
 
-def test_stage_metrics_and_mlflow_run(prepared: Path) -> None:
-    metrics = json.loads((prepared / "reports" / "tokenize" / "metrics.json").read_text())
+def test_stage_counts_and_mlflow_run(prepared: Path, shared_data: Path) -> None:
+    assert not (prepared / "reports" / "tokenize" / "metrics.json").exists()  # counts are no metrics
+    metrics = json.loads((prepared / "reports" / "tokenize" / "counts.json").read_text())
     assert metrics["verdict"]["train"]["chars"] + metrics["verdict"]["val"]["chars"] == 20_479
     assert metrics["verdict"]["train"]["tokens"] + metrics["verdict"]["val"]["tokens"] >= 5_145
     assert metrics["spam"]["raw"] == {"rows": 5_572, "ham": 4_825, "spam": 747}
@@ -218,16 +220,34 @@ def test_stage_metrics_and_mlflow_run(prepared: Path) -> None:
     assert runs
     for run in runs:  # the determinism test may have added a second, identical run
         assert run.info.status == "FINISHED"
-        assert run.data.metrics["spam.max_length"] == 120
-        assert run.data.metrics["instruct.train.records"] == 935
+        assert run.data.metrics == {}
+        assert run.data.params["counts.spam.max_length"] == "120"
+        assert run.data.params["counts.instruct.train.records"] == "935"
         assert run.data.params["tokenize.spam.seed"] == "123"
+        # Its inputs: the three raw datasets, each with DVC's md5 and its split sizes.
+        inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+        assert set(inputs) == {"verdict", "spam", "instruct"}
+        spam_input = inputs["spam"]
+        collection = shared_data / "sms_spam_collection" / "SMSSpamCollection"
+        assert spam_input.dataset.digest == hashlib.md5(collection.read_bytes()).hexdigest()
+        assert json.loads(spam_input.dataset.profile) == {
+            "train_rows": 1_045,
+            "val_rows": 149,
+            "test_rows": 300,
+        }
+        assert {t.key: t.value for t in spam_input.tags}["mlflow.data.context"] == "source"
+        assert json.loads(inputs["instruct"].dataset.profile) == {
+            "train_records": 935,
+            "val_records": 55,
+            "test_records": 110,
+        }
 
 
 def test_stage_is_deterministic(prepared: Path, tmp_path: Path, shared_data: Path) -> None:
     again = run_stage(tmp_path, shared_data, prepared / "mlflow.db")
     assert processed_files(again) == processed_files(prepared / "data" / "processed")
-    assert (tmp_path / "reports" / "tokenize" / "metrics.json").read_bytes() == (
-        prepared / "reports" / "tokenize" / "metrics.json"
+    assert (tmp_path / "reports" / "tokenize" / "counts.json").read_bytes() == (
+        prepared / "reports" / "tokenize" / "counts.json"
     ).read_bytes()
 
 

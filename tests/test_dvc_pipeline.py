@@ -19,7 +19,7 @@ from helpers import PROJECT_ROOT, dvc, git, write_committed_params
 # Pipeline outputs: a fresh clone has none of these.
 OUTPUT_DIRS = ("data/", "models/", "reports/")
 STAGES = ("download", "tokenize")
-REPORT = "reports/tokenize/metrics.json"
+REPORT = "reports/tokenize/counts.json"
 
 
 def copy_project(dest: Path) -> None:
@@ -52,9 +52,9 @@ def snapshot(project: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def pipeline_runs(uri: str) -> list[mlflow.entities.Run]:
+def pipeline_runs(uri: str, experiment_name: str = "gptlab") -> list[mlflow.entities.Run]:
     client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("gptlab")
+    experiment = client.get_experiment_by_name(experiment_name)
     return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
@@ -92,9 +92,9 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     assert metrics["spam"]["max_length"] == 120
     assert [metrics["instruct"][s]["records"] for s in ("train", "val", "test")] == [935, 55, 110]
     assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == set(STAGES)
-    # DVC finds the stage's metrics where dvc.yaml declares them.
-    shown = json.loads(dvc(project, "metrics", "show", "--json", REPORT, env=env).stdout)
-    assert shown[""]["data"][REPORT]["data"] == metrics
+    # Counts are a plain report, not DVC metrics: they add no `dvc exp show` columns.
+    shown = json.loads(dvc(project, "metrics", "show", "--json", env=env).stdout)
+    assert "reports/tokenize" not in json.dumps(shown)
 
     runs = pipeline_runs(isolated_tools)
     assert sorted(r.info.run_name for r in runs) == sorted(STAGES)
@@ -145,6 +145,9 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     # The experiment ran in a temporary copy: the workspace's params and outputs are untouched.
     assert (project / "params.yaml").read_bytes() == params_before
     assert not (project / "reports" / "pretrain").exists()
-    runs = [r for r in pipeline_runs(isolated_tools) if r.data.tags.get("gptlab.stage") == "pretrain"]
+    # The profile (a copy of the smoke one) logs to the smoke runs' own experiment.
+    assert not pipeline_runs(isolated_tools)
+    smoke_runs = pipeline_runs(isolated_tools, "gptlab-smoke")
+    runs = [r for r in smoke_runs if r.data.tags.get("gptlab.stage") == "pretrain"]
     assert [r.data.tags.get("gptlab.dvc_exp") for r in runs] == ["tiny-check"]
     assert runs[0].data.params["pretrain.model.emb_dim"] == "64"  # the profile's tiny model

@@ -144,12 +144,13 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
 
     reports = project / "reports" / "instruct"
     metrics = json.loads((reports / "metrics.json").read_text())
+    counted = json.loads((reports / "counts.json").read_text())
     responses = json.loads((reports / "responses.json").read_text())
     test_split = json.loads((project / "data" / "processed" / "instruct" / "test.json").read_text())
 
     # Answers: one per test record, prompt and header stripped.
     assert [{k: r[k] for k in ("instruction", "input", "output")} for r in responses] == test_split
-    assert len(responses) == RECORDS == metrics["test_records"]
+    assert len(responses) == RECORDS == counted["test_records"]
     for record in responses:
         assert "Below is an instruction" not in record["model_response"]
         assert record["model_response"] == record["model_response"].strip()
@@ -157,11 +158,11 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     assert metrics["rougeL_f1"] == pytest.approx(sum(r["rougeL_f1"] for r in responses) / RECORDS)
 
     # Training: 4 records in batches of 2 for 2 epochs, evaluated every 2 steps.
-    assert metrics["steps"] == 4
+    assert counted["steps"] == 4
     losses = pd.read_csv(reports / "losses.csv")
     assert list(losses.columns) == ["step", "tokens_seen", "train_loss", "val_loss"]
     assert losses["step"].tolist() == [0, 2]
-    assert 0 < losses["tokens_seen"].iloc[0] < losses["tokens_seen"].iloc[-1] < metrics["tokens_seen"]
+    assert 0 < losses["tokens_seen"].iloc[0] < losses["tokens_seen"].iloc[-1] < counted["tokens_seen"]
     assert metrics["final_train_loss"] == pytest.approx(losses["train_loss"].iloc[-1])
     assert metrics["final_val_loss"] == pytest.approx(losses["val_loss"].iloc[-1])
     for key in ("val_loss", "test_loss"):
@@ -173,10 +174,10 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     expected = [None if n % 4 == 3 else 60 + n for n in range(RECORDS)]
     assert [r["judge_score"] for r in responses] == expected
     usable = [s for s in expected if s is not None]
-    assert metrics["judge"]["scored"] == len(usable)
-    assert metrics["judge"]["unusable"] == RECORDS - len(usable)
-    assert metrics["judge"]["mean"] == pytest.approx(sum(usable) / len(usable))
-    assert sum(metrics["judge"]["histogram"].values()) == len(usable)
+    assert counted["judge"]["scored"] == len(usable)
+    assert counted["judge"]["unusable"] == RECORDS - len(usable)
+    assert metrics["judge"] == {"mean": pytest.approx(sum(usable) / len(usable))}  # the only judge metric
+    assert sum(counted["judge"]["histogram"].values()) == len(usable)
 
     # Checkpoint: a language model that remembers where it came from.
     model, metadata = load_model(project / "models" / "instruct")
@@ -211,7 +212,7 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     assert "resuming from" not in capsys.readouterr().err
     rerun = json.loads((reports / "metrics.json").read_text())
     assert "judge" not in rerun
-    for key in ("final_train_loss", "final_val_loss", "val_loss", "test_loss", "rougeL_f1", "tokens_seen"):
+    for key in ("final_train_loss", "final_val_loss", "val_loss", "test_loss", "rougeL_f1"):
         assert rerun[key] == metrics[key]
     assert len(judge.prompts) == 1 + RECORDS
 
@@ -263,6 +264,17 @@ def test_chat_without_a_model_says_how_to_get_one(tmp_path: Path, capsys: pytest
     assert gptlab_main(["chat", "Name a color.", "--model", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert "no instruction-tuned model" in err and "dvc repro instruct-finetune" in err
+
+
+def test_chat_after_a_smoke_run_names_the_command_that_uses_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)
+    save_model(GPTModel(cfg), ".gptlab/smoke/models/instruct")
+    assert gptlab_main(["chat", "Name a color."]) == 2
+    err = capsys.readouterr().err
+    assert "gptlab chat --model .gptlab/smoke/models/instruct --raw-dir .gptlab/smoke/data/raw" in err
 
 
 def test_chat_refuses_an_empty_instruction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

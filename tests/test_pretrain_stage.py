@@ -29,6 +29,7 @@ from helpers import committed_params_raw, copy_code, git
 
 OUTPUTS = (
     "reports/pretrain/metrics.json",
+    "reports/pretrain/counts.json",
     "reports/pretrain/losses.csv",
     "reports/pretrain/loss.png",
     "models/pretrain/model.safetensors",
@@ -75,7 +76,12 @@ def dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def snapshot(project: Path) -> dict[str, bytes]:
-    return {name: (project / name).read_bytes() for name in OUTPUTS}
+    """The stage's outputs; the checkpoint's config.json without the MLflow run id (new each run)."""
+    found = {name: (project / name).read_bytes() for name in OUTPUTS}
+    config = json.loads(found["models/pretrain/config.json"])
+    assert config["metadata"].pop("mlflow_run_id")
+    found["models/pretrain/config.json"] = json.dumps(config).encode()
+    return found
 
 
 def newest_step(project: Path) -> int:
@@ -118,14 +124,16 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     first = snapshot(project)
     assert not list((project / ".gptlab" / "runs" / "pretrain").iterdir()), "finished runs leave no state"
 
-    # A clean rerun from scratch ends byte-identical to the interrupted-and-resumed one.
+    # A clean rerun from scratch ends byte-identical to the interrupted-and-resumed one (but for the
+    # run id the checkpoint names, so eval reruns to link the new run).
     dvc(project, "repro", "--force", "pretrain")
     assert snapshot(project) == first
-    assert "Stage 'eval' didn't change" in dvc(project, "repro", "eval").stdout  # same checkpoint bytes
+    assert "Running stage 'eval'" in dvc(project, "repro", "eval").stdout
 
     metrics = json.loads((project / "reports/pretrain/metrics.json").read_text())
-    assert metrics["steps"] == 2 * 12 and metrics["epochs"] == 2
-    assert metrics["tokens_seen"] == 24 * 8 * 32
+    counted = json.loads((project / "reports/pretrain/counts.json").read_text())
+    assert counted == {"steps": 2 * 12, "epochs": 2, "tokens_seen": 24 * 8 * 32}
+    assert not {"steps", "epochs", "tokens_seen"} & set(metrics)
     assert metrics["final_train_loss"] < metrics["initial_train_loss"] - 1.0
     assert 10.5 < metrics["initial_val_loss"] < 11.5  # ln(50257) = 10.8: an untrained model guesses
     losses = pd.read_csv(project / "reports/pretrain/losses.csv")
@@ -134,7 +142,9 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert (project / "reports/pretrain/loss.png").read_bytes()[:4] == b"\x89PNG"
     model, metadata = load_model(project / "models/pretrain")
     assert (model.cfg.emb_dim, model.cfg.context_length) == (32, 32)
-    assert metadata["stage"] == "pretrain" and metadata["metrics"] == metrics
+    assert (
+        metadata["stage"] == "pretrain" and metadata["metrics"] == metrics and metadata["counts"] == counted
+    )
 
     evaluated = json.loads((project / "reports/eval/metrics.json").read_text())
     assert set(evaluated) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
@@ -166,11 +176,34 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert {"wall_seconds", "tokens_per_second", "final_val_perplexity"} <= set(rerun.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
     assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/model", "pretrain/reports"} <= artifacts
-    (eval_run,) = by_name["eval"]
-    assert set(eval_run.data.metrics) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
-    # The resumed pretrain and the eval came from one `dvc repro`: one shared tag finds both.
-    assert eval_run.data.tags["gptlab.pipeline_run"] == resumed_run.data.tags["gptlab.pipeline_run"]
-    assert eval_run.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]
+    # The initial losses once, at step 0; the final figures at the last step.
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial_val_loss")] == [0]
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final_val_loss")] == [23]
+    assert rerun.data.tags["gptlab.steps"] == "24"
+    assert metadata["mlflow_run_id"] == rerun.info.run_id
+    reports = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain/reports")}
+    assert "pretrain/reports/loss.png" not in reports and "pretrain/reports/counts.json" in reports
+    # Its input: the Verdict splits, hashed as DVC hashes them.
+    (data_input,) = client.get_run(rerun.info.run_id).inputs.dataset_inputs
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["pretrain"]
+    locked = next(dep for dep in lock["deps"] if dep["path"] == "data/processed/verdict")
+    assert data_input.dataset.digest == locked["md5"]
+    assert json.loads(data_input.dataset.profile)["train_windows"] == 96
+    first_eval, eval_run = by_name["eval"]
+    assert set(eval_run.data.metrics) >= {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
+    assert not {m for m in eval_run.data.metrics if not m.startswith("system/")} - {
+        "train_loss",
+        "val_loss",
+        "train_perplexity",
+        "val_perplexity",
+    }
+    # The resumed pretrain and the first eval came from one `dvc repro`: one shared tag finds both.
+    assert first_eval.data.tags["gptlab.pipeline_run"] == resumed_run.data.tags["gptlab.pipeline_run"]
+    assert first_eval.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]
+    # Each eval run links the pretrain run that wrote the checkpoint it scored.
+    assert first_eval.data.tags["gptlab.upstream_run_id"] == resumed_run.info.run_id
+    assert eval_run.data.tags["gptlab.upstream_run_id"] == rerun.info.run_id
+    assert f"/runs/{rerun.info.run_id})" in eval_run.data.tags["mlflow.note.content"]
 
 
 def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:

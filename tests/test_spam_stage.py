@@ -84,6 +84,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
         "PYTHONPATH": str(project / "src"),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "OMP_NUM_THREADS": "1",  # a tiny model: threads only add overhead on a shared CPU
+        # System metrics every second (default 10 s): the tiny stage ends within seconds.
+        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
     }
     git(project, "init", "-q")
     dvc(project, "init", "-q", env=env)
@@ -96,16 +98,20 @@ def test_stage_learns_and_reports_consistent_metrics(trained: tuple[Path, dict[s
     project, _ = trained
     reports = project / "reports" / "spam"
     metrics = json.loads((reports / "metrics.json").read_text())
+    counted = json.loads((reports / "counts.json").read_text())
 
     # Balanced classes: chance is 50 %; training data must be learnt well beyond it.
     assert metrics["train"]["accuracy"] >= 0.75, metrics["train"]
     assert metrics["train"]["accuracy"] > metrics["initial"]["train_accuracy"]
-    assert metrics["steps"] == EPOCHS * ROWS // 8 and metrics["examples_seen"] == EPOCHS * ROWS
+    assert counted["steps"] == EPOCHS * ROWS // 8 and counted["examples_seen"] == EPOCHS * ROWS
+    # metrics.json holds only the headline figures; counts and matrix cells live in counts.json.
+    assert set(metrics) == {"initial", *SPLITS, "final_train_loss", "final_val_loss"}
+    assert all(set(metrics[split]) == {"accuracy", "precision", "recall", "f1"} for split in SPLITS)
     assert not list((project / ".gptlab" / "runs").glob("spam-finetune/*")), "finished runs leave no state"
 
     for split in SPLITS:
         frame = pd.read_csv(project / "data" / "processed" / "spam" / f"{split}.csv")
-        matrix = metrics[split]["confusion_matrix"]
+        matrix = counted["confusion_matrix"][split]
         counts = np.array(
             [[matrix[f"actual_{a}"][f"predicted_{p}"] for p in ("ham", "spam")] for a in ("ham", "spam")]
         )
@@ -122,11 +128,11 @@ def test_stage_learns_and_reports_consistent_metrics(trained: tuple[Path, dict[s
     assert list(predictions.columns) == ["actual", "predicted"]
     assert predictions["actual"].tolist() == test["label"].map({0: "ham", 1: "spam"}).tolist()
     table = pd.crosstab(predictions["actual"], predictions["predicted"])
-    assert table.loc["spam", "spam"] == metrics["test"]["confusion_matrix"]["actual_spam"]["predicted_spam"]
+    assert table.loc["spam", "spam"] == counted["confusion_matrix"]["test"]["actual_spam"]["predicted_spam"]
 
     losses = pd.read_csv(reports / "losses.csv")
     assert list(losses.columns) == ["step", "examples_seen", "train_loss", "val_loss"]
-    assert losses["step"].tolist() == list(range(0, metrics["steps"], 4))
+    assert losses["step"].tolist() == list(range(0, counted["steps"], 4))
     assert losses["examples_seen"].tolist() == [8 * (s + 1) for s in losses["step"]]
     accuracy = pd.read_csv(reports / "accuracy.csv")
     assert accuracy["epoch"].tolist() == list(range(EPOCHS + 1))  # 0: before training
@@ -145,7 +151,11 @@ def test_stage_learns_and_reports_consistent_metrics(trained: tuple[Path, dict[s
 def test_dvc_sees_the_declared_metrics_and_plots(trained: tuple[Path, dict[str, str]]) -> None:
     project, env = trained
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["spam-finetune"]
-    assert {out["path"] for out in lock["outs"]} >= {"models/spam", "reports/spam/metrics.json"}
+    assert {out["path"] for out in lock["outs"]} >= {
+        "models/spam",
+        "reports/spam/metrics.json",
+        "reports/spam/counts.json",
+    }
     shown = json.loads(dvc(project, "metrics", "show", "--json", env=env).stdout)
     data = next(iter(shown.values()))["data"]["reports/spam/metrics.json"]["data"]
     assert (
@@ -161,6 +171,8 @@ def test_dvc_sees_the_declared_metrics_and_plots(trained: tuple[Path, dict[str, 
     confusion = ours["reports/spam/predictions.csv"][0]["content"]["spec"]["encoding"]
     assert (confusion["x"]["field"], confusion["y"]["field"]) == ("predicted", "actual")
     assert "up to date" in dvc(project, "status", "spam-finetune", env=env).stdout
+    # The metric columns `dvc exp show` gets from this stage: headline figures only, no counts.
+    assert "confusion_matrix" not in json.dumps(data) and "steps" not in data
 
 
 @pytest.mark.slow
@@ -182,16 +194,42 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert len(client.get_metric_history(run_id, "train_loss")) == len(
         pd.read_csv(project / "reports/spam/losses.csv")
     )
-    artifacts = {a.path for folder in ("spam", "spam/model") for a in client.list_artifacts(run_id, folder)}
+    counted = json.loads((project / "reports" / "spam" / "counts.json").read_text())
+    # Final scores at the last step, the fresh head's once at step 0.
+    last_step = counted["steps"] - 1
+    assert [m.step for m in client.get_metric_history(run_id, "test.accuracy")] == [last_step]
+    assert [m.step for m in client.get_metric_history(run_id, "initial.train_accuracy")] == [0]
+    assert run.data.tags["gptlab.steps"] == str(counted["steps"])
+    artifacts = {
+        a.path
+        for folder in ("spam", "spam/model", "spam/reports")
+        for a in client.list_artifacts(run_id, folder)
+    }
     assert {
         "spam/confusion_matrix.png",
         "spam/confusion_matrix_test.json",
         "spam/model/model.safetensors",
+        "spam/reports/metrics.json",
+        "spam/reports/counts.json",
     } <= artifacts
+    assert [a for a in artifacts if a.endswith(".png")] == ["spam/confusion_matrix.png"]  # uploaded once
+    # Standard MLflow tags, system metrics, the data it read, and where its base model came from.
+    assert run.data.tags["mlflow.source.name"].endswith("spam_finetune.py") and run.data.tags["mlflow.user"]
+    assert any(name.startswith("system/") for name in run.data.metrics)
+    (data_input,) = client.get_run(run_id).inputs.dataset_inputs
+    assert data_input.dataset.name == "spam"
+    assert json.loads(data_input.dataset.profile) == {f"{split}_rows": ROWS for split in SPLITS}
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["spam-finetune"]
+    locked = next(dep for dep in lock["deps"] if dep["path"] == "data/processed/spam")
+    assert data_input.dataset.digest == locked["md5"]  # DVC's own hash of the folder
+    assert run.data.tags["gptlab.upstream_checkpoint"] == "models/gpt2/gpt2-small"
+    assert "names no MLflow run" in run.data.tags["mlflow.note.content"]  # the test's base model
+    _, metadata = load_model(project / "models" / "spam")
+    assert metadata["mlflow_run_id"] == run_id
     logged = json.loads(
         Path(client.download_artifacts(run_id, "spam/confusion_matrix_test.json")).read_text()
     )
-    matrix = metrics["test"]["confusion_matrix"]
+    matrix = counted["confusion_matrix"]["test"]
     assert logged["matrix"] == [
         [matrix[f"actual_{a}"][f"predicted_{p}"] for p in ("ham", "spam")] for a in ("ham", "spam")
     ]
@@ -241,6 +279,20 @@ def test_classify_without_a_trained_model_says_how_to_get_one(
     assert gptlab_main(["classify", "free prize"]) == 2
     err = capsys.readouterr().err
     assert "no trained classifier in models/spam" in err and "dvc repro spam-finetune" in err
+    assert "gptlab smoke" not in err  # no smoke run to point at
+
+
+def test_classify_after_a_smoke_run_names_the_command_that_uses_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    save_model(
+        GPTModel(ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)),
+        ".gptlab/smoke/models/spam",
+    )
+    assert gptlab_main(["classify", "free prize"]) == 2
+    err = capsys.readouterr().err
+    assert "gptlab classify --model .gptlab/smoke/models/spam --raw-dir .gptlab/smoke/data/raw" in err
 
 
 def test_classify_refuses_a_language_model_checkpoint(

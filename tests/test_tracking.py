@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
@@ -19,7 +23,7 @@ from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
-from gptlab.tracking import pipeline_run_id, stage_run, tracking_uri
+from gptlab.tracking import NULL_RUN, RUN_ID_KEY, dvc_md5, pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
@@ -181,3 +185,86 @@ def test_a_run_left_running_by_a_killed_stage_is_marked_killed_by_the_next() -> 
         assert client().get_run(dead_id).info.status == "KILLED"
         alive_id = run.run_id
     assert client().get_run(alive_id).info.status == "FINISHED"
+
+
+def test_runs_are_started_by_mlflow_with_its_standard_tags_and_system_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
+    with stage_run("pretrain", "exp-system", {}) as run:
+        time.sleep(1.0)
+        with_metrics = run.run_id
+    with stage_run("pretrain", "exp-system", {}, system_metrics=False) as run:
+        time.sleep(0.5)
+        without = run.run_id
+    first, second = client().get_run(with_metrics), client().get_run(without)
+    for found in (first, second):
+        assert found.info.status == "FINISHED"
+        assert found.data.tags["mlflow.user"] and found.data.tags["mlflow.source.name"]
+        assert found.data.tags["mlflow.source.type"] == "LOCAL"
+    # psutil is there: CPU and memory use of the machine while the stage ran.
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(
+        first.data.metrics
+    )
+    assert not [name for name in second.data.metrics if name.startswith("system/")]
+
+
+def test_an_interrupted_run_ends_killed() -> None:
+    with pytest.raises(KeyboardInterrupt), stage_run("eval", "exp-interrupt", {}) as run:
+        run_id = run.run_id
+        raise KeyboardInterrupt
+    assert client().get_run(run_id).info.status == "KILLED"
+
+
+def test_a_source_commit_given_by_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPTLAB_SOURCE_COMMIT", "0123abcd" * 5)
+    monkeypatch.setenv("GPTLAB_SOURCE_DIRTY", "true")
+    with stage_run("eval", "exp-commit", {}) as run:
+        run_id = run.run_id
+    tags = client().get_run(run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == "0123abcd" * 5 and tags["gptlab.git_dirty"] == "true"
+
+
+def test_log_input_records_the_dvc_hash_and_split_sizes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "train.npy").write_bytes(b"\x00\x01" * 100)
+    (data / "sub" / "val.json").write_text('{"a": 1}\n')
+    # DVC's own hash of the folder, from `dvc add` in a scratch repository.
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True, env=_dvc_env())
+    subprocess.run(["dvc", "add", "-q", "data"], cwd=tmp_path, check=True, env=_dvc_env())
+    locked = yaml.safe_load((tmp_path / "data.dvc").read_text())["outs"][0]["md5"]
+    assert dvc_md5(data) == locked and locked.endswith(".dir")
+    assert dvc_md5(data / "train.npy") == hashlib.md5(b"\x00\x01" * 100).hexdigest()
+
+    with stage_run("spam-finetune", "exp-inputs", {}) as run:
+        run.log_input("spam", data, context="training", profile={"train_rows": 3, "val_rows": 1})
+        run_id = run.run_id
+    (found,) = client().get_run(run_id).inputs.dataset_inputs
+    assert (found.dataset.name, found.dataset.digest) == ("spam", locked)
+    assert json.loads(found.dataset.profile) == {"train_rows": 3, "val_rows": 1}
+    assert json.loads(found.dataset.source)["uri"] == data.resolve().as_uri()
+    assert {t.key: t.value for t in found.tags} == {
+        "mlflow.data.context": "training",
+        "gptlab.path": str(data),
+    }
+
+
+def test_link_upstream_tags_the_run_and_links_it_in_the_description() -> None:
+    with stage_run("pretrain", "exp-lineage", {}) as upstream:
+        upstream_id = upstream.run_id
+    experiment_id = client().get_run(upstream_id).info.experiment_id
+    with stage_run("eval", "exp-lineage", {}) as run:
+        run.link_upstream(Path("models/pretrain"), {"stage": "pretrain", RUN_ID_KEY: upstream_id})
+        run_id = run.run_id
+    tags = client().get_run(run_id).data.tags
+    assert tags["gptlab.upstream_run_id"] == upstream_id
+    assert tags["gptlab.upstream_stage"] == "pretrain"
+    assert tags["gptlab.upstream_checkpoint"] == "models/pretrain"
+    assert f"[pretrain](#/experiments/{experiment_id}/runs/{upstream_id})" in tags["mlflow.note.content"]
+    assert NULL_RUN.run_id is None  # what a torchrun rank other than 0 writes into checkpoints
+
+
+def _dvc_env() -> dict[str, str]:
+    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}

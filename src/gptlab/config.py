@@ -381,6 +381,8 @@ class InstructConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     experiment: str
+    # CPU, memory (and GPU where MLflow can read it) as system/... metrics of every run.
+    system_metrics: bool = True
 
 
 @dataclass(frozen=True)

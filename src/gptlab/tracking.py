@@ -4,6 +4,11 @@ Default store: `mlflow.db` (SQLite) and `mlruns/` in the project, no server
 needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead.
 Each stage execution is one run named after the stage, in one experiment per
 pipeline, tagged so that the runs of one `dvc repro` can be found together.
+Runs are started with MLflow's fluent API, so they carry MLflow's standard tags
+(`mlflow.user`, `mlflow.source.name`, ...) and, with `tracking.system_metrics`,
+CPU, memory (and GPU, where MLflow can read it) use as `system/...` metrics.
+Each run records the datasets it read (`log_input`, with DVC's content hash) and
+the run that produced the checkpoint it started from (`link_upstream`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from gptlab.distributed import is_main
@@ -32,6 +37,12 @@ from gptlab.errors import GptlabError
 DEFAULT_DB = "mlflow.db"
 # Seconds to wait for a tracking server to answer before a stage starts.
 TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
+# The commit (and dirty flag) runs are tagged with when the code runs outside its own checkout,
+# e.g. `gptlab smoke` in its throwaway workspace: the project's real commit.
+SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
+SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
+# The key of a checkpoint's metadata that names the MLflow run which wrote it.
+RUN_ID_KEY = "mlflow_run_id"
 # The most entries MLflow accepts in one log_batch call, per kind.
 _MAX_PARAMS = 100
 _MAX_METRICS = 1000
@@ -48,7 +59,7 @@ class StageRun:
 
     def __init__(self, client: MlflowClient, run_id: str) -> None:
         self.client = client
-        self.run_id = run_id
+        self.run_id: str | None = run_id
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
@@ -98,12 +109,62 @@ class StageRun:
         else:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def log_reports(self, folder: Path | str, artifact_path: str, skip: tuple[str, ...] = ()) -> None:
+        """The files of a stage's reports folder, except those (figures) already logged on their own."""
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file() and path.name not in skip:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_input(
+        self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record a dataset the run read: its path, DVC content hash (the digest) and split sizes (profile).
+
+        The digest is what DVC writes to dvc.lock for the path: the md5 of a file, or for a folder
+        the md5 of its sorted file list with their md5s, suffixed `.dir` (computed here, because
+        dvc.lock's entry for a stage's dependency is only updated after the stage has run).
+        """
+        path = Path(path)
+        dataset = Dataset(
+            name=name,
+            digest=dvc_md5(path),
+            source_type="local",
+            source=json.dumps({"uri": path.resolve().as_uri()}),
+            profile=json.dumps(dict(profile or {}), sort_keys=True),
+        )
+        tags = [InputTag("mlflow.data.context", context), InputTag("gptlab.path", path.as_posix())]
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags)])
+
+    def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
+        """Tag the run that wrote `checkpoint` (its metadata names it) and link it in this run's description.
+
+        Each run links one step up, so the UI walks instruct -> load-gpt2 -> pretrain.
+        """
+        checkpoint = Path(checkpoint).as_posix()
+        stage = str(metadata.get("stage") or "unknown")
+        upstream_id = metadata.get(RUN_ID_KEY)
+        tags = {"gptlab.upstream_checkpoint": checkpoint, "gptlab.upstream_stage": stage}
+        if not upstream_id:
+            note = f"Started from `{checkpoint}` (stage {stage}), which names no MLflow run."
+        else:
+            tags["gptlab.upstream_run_id"] = upstream_id
+            try:
+                upstream = self.client.get_run(upstream_id)
+            except mlflow.exceptions.MlflowException:
+                note = f"Started from `{checkpoint}`, written by {stage} run `{upstream_id}` (not in this store)."
+            else:
+                link = f"#/experiments/{upstream.info.experiment_id}/runs/{upstream_id}"
+                name = upstream.info.run_name or stage
+                note = f"Started from `{checkpoint}`, written by the {stage} run [{name}]({link})."
+        tags["mlflow.note.content"] = note
+        self.set_tags(tags)
+
 
 class NullRun(StageRun):
     """The tracker of a torchrun process other than rank 0: it logs nothing (rank 0 logs for all)."""
 
     def __init__(self) -> None:
-        pass
+        self.run_id = None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         pass
@@ -132,15 +193,35 @@ class NullRun(StageRun):
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         pass
 
+    def log_reports(self, folder: Path | str, artifact_path: str, skip: tuple[str, ...] = ()) -> None:
+        pass
+
+    def log_input(
+        self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
+    ) -> None:
+        pass
+
+    def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
+        pass
+
 
 NULL_RUN = NullRun()
 
 
 @contextmanager
-def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterator[StageRun]:
-    """Open one MLflow run for a stage execution; it ends FAILED if the block raises.
+def stage_run(
+    stage: str,
+    experiment: str,
+    params: Mapping[str, Any],
+    *,
+    system_metrics: bool = True,
+    run_name: str | None = None,
+) -> Iterator[StageRun]:
+    """Open one MLflow run for a stage execution; it ends FAILED if the block raises (KILLED on Ctrl-C).
 
-    Under torchrun only rank 0 opens a run; the other processes get NULL_RUN.
+    The run is started by MLflow's fluent API (standard tags, system metrics when `system_metrics`);
+    metrics, params and tags still go out in batches through a client. Under torchrun only rank 0
+    opens a run; the other processes get NULL_RUN.
     """
     if not is_main():
         yield NULL_RUN
@@ -150,18 +231,27 @@ def stage_run(stage: str, experiment: str, params: Mapping[str, Any]) -> Iterato
     # Bounded retries: a server that stops answering mid-run fails the stage in seconds, not minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(client, experiment)
     _close_dead_runs(client, experiment_id, stage)
-    run = client.create_run(experiment_id, run_name=stage, tags=_run_tags(stage, params))
+    run = mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=run_name or stage,
+        tags=_run_tags(stage, params),
+        log_system_metrics=system_metrics,
+    )
     stage_run = StageRun(client, run.info.run_id)
     try:
         stage_run.log_params(params)
         yield stage_run
-    except BaseException:
-        client.set_terminated(run.info.run_id, status="FAILED")
+    except KeyboardInterrupt:
+        mlflow.end_run(status="KILLED")
         raise
-    client.set_terminated(run.info.run_id, status="FINISHED")
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run(status="FINISHED")
 
 
 def check_reachable(uri: str) -> None:
@@ -273,6 +363,13 @@ def pipeline_run_id() -> str:
 
 
 def _git_state() -> tuple[str, bool]:
+    """The commit the code came from and whether it had uncommitted changes.
+
+    GPTLAB_SOURCE_COMMIT (and GPTLAB_SOURCE_DIRTY) win when set: `gptlab smoke` runs a copy of the
+    project in a throwaway repository whose own commit means nothing to a user.
+    """
+    if os.environ.get(SOURCE_COMMIT_ENV):
+        return os.environ[SOURCE_COMMIT_ENV], os.environ.get(SOURCE_DIRTY_ENV, "false").lower() == "true"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
@@ -292,3 +389,29 @@ def _git_state() -> tuple[str, bool]:
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value)
     return text if len(text) <= 6000 else text[:5997] + "..."
+
+
+def dvc_md5(path: Path | str) -> str:
+    """DVC's content hash of a file or folder, as dvc.lock records it (md5; folders end in `.dir`)."""
+    path = Path(path)
+    if path.is_file():
+        return _md5_file(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} not found")
+    entries = sorted(
+        (
+            {"md5": _md5_file(p), "relpath": p.relative_to(path).as_posix()}
+            for p in path.rglob("*")
+            if p.is_file()
+        ),
+        key=lambda entry: entry["relpath"],
+    )
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"  # noqa: S324
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5()  # noqa: S324 - DVC's content hash, not security
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

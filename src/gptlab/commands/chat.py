@@ -56,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.paths import INSTRUCT_MODEL
     from gptlab.responses import fit_to_context, generate_response
     from gptlab.runtime import resolve_device
+    from gptlab.smoke import smoke_model_hint
     from gptlab.tokenizer import load_tokenizer
 
     model_dir = args.model if args.model is not None else INSTRUCT_MODEL
     if not (model_dir / CONFIG_FILE).is_file():
+        hint = "" if args.model is not None else smoke_model_hint("chat", INSTRUCT_MODEL, _raw_dir_default())
         print(
             f"gptlab chat: no instruction-tuned model in {model_dir}: "
-            "run `dvc repro instruct-finetune` first (or point --model at one)",
+            f"run `dvc repro instruct-finetune` first (or point --model at one){hint}",
             file=sys.stderr,
         )
         return 2
@@ -101,3 +103,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _warn(message: str) -> None:
     print(f"gptlab chat: warning: {message}", file=sys.stderr)
+
+
+def _raw_dir_default() -> Path:
+    """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
+    from gptlab.config import load_params
+
+    try:
+        return Path(load_params().data.raw_dir)
+    except Exception:  # noqa: BLE001 - only a hint: the default layout will do
+        return Path("data/raw")

@@ -52,13 +52,15 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.config import load_params
     from gptlab.paths import SPAM_MODEL
     from gptlab.runtime import resolve_device
+    from gptlab.smoke import smoke_model_hint
     from gptlab.tokenizer import load_tokenizer
 
     model_dir: Path = args.model if args.model is not None else SPAM_MODEL
     if not (model_dir / CONFIG_FILE).is_file():
+        hint = "" if args.model is not None else smoke_model_hint("classify", SPAM_MODEL, _raw_dir_default())
         print(
             f"gptlab classify: no trained classifier in {model_dir}: "
-            "run `dvc repro spam-finetune` first (or point --model at one)",
+            f"run `dvc repro spam-finetune` first (or point --model at one){hint}",
             file=sys.stderr,
         )
         return 2
@@ -125,3 +127,13 @@ def _decode_lines(data: bytes, name: str) -> list[str]:
             f"--file {name}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
             "save the file as UTF-8"
         ) from exc
+
+
+def _raw_dir_default() -> Path:
+    """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
+    from gptlab.config import load_params
+
+    try:
+        return Path(load_params().data.raw_dir)
+    except Exception:  # noqa: BLE001 - only a hint: the default layout will do
+        return Path("data/raw")
