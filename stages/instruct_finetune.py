@@ -114,6 +114,7 @@ def run(params: Params) -> None:
         )
         _write_reports(result.history, responses, metrics)
         _log(tracker, responses, metrics, judged=cfg.judge.enabled)
+        tracker.log_model("instruct", INSTRUCT_MODEL, params)
     print(json.dumps(metrics, indent=2, sort_keys=True))
 
 
@@ -168,7 +169,7 @@ def _write_reports(
 def _log(
     tracker: StageRun, responses: list[dict[str, Any]], metrics: dict[str, Any], *, judged: bool
 ) -> None:
-    """The metrics, a table of every answer with its scores, the reports and the checkpoint."""
+    """The metrics, a table of every answer with its scores, and the reports (the model: log_model)."""
     tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None})
     table: dict[str, list[Any]] = {
         "instruction": [r["instruction"] for r in responses],
@@ -181,7 +182,6 @@ def _log(
         table["judge_score"] = [r["judge_score"] for r in responses]
     tracker.log_table(table, "instruct/answers.json")
     tracker.log_artifact(REPORT_DIR, "reports")
-    tracker.log_artifact(INSTRUCT_MODEL, "model")
 
 
 def _finite(value: float) -> float | None:

@@ -119,7 +119,7 @@ def run(params: Params) -> None:
         tracker.log_figure(figure, "pretrain/loss.png")
         tracker.log_text(samples, "pretrain/samples.txt")
         tracker.log_artifact(REPORT_DIR, "pretrain/reports")
-        tracker.log_artifact(PRETRAIN_MODEL, "pretrain/model")
+        tracker.log_model("pretrain", PRETRAIN_MODEL, params)
     print(json.dumps(metrics, indent=2, sort_keys=True))
 
 

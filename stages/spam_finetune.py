@@ -163,6 +163,7 @@ def run(params: Params) -> None:
         )
         write_figure(REPORT_DIR / "confusion_matrix.png", figure)
         _log_run(tracker, metrics, final, data["test"], test_actual, test_predicted, test_probs, figure)
+        tracker.log_model("spam", SPAM_MODEL, params)
 
 
 def _percentages(scores: dict[str, float]) -> str:
@@ -236,7 +237,6 @@ def _log_run(
         "spam/test_predictions.json",
     )
     tracker.log_artifact(REPORT_DIR, "spam/reports")
-    tracker.log_artifact(SPAM_MODEL, "spam/model")
 
 
 if __name__ == "__main__":

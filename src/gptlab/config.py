@@ -381,6 +381,8 @@ class InstructConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     experiment: str
+    # Log each trained model as an MLflow model (registered; weights stored once, in it).
+    log_models: bool = True
 
 
 @dataclass(frozen=True)
