@@ -165,7 +165,12 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
     assert {"wall_seconds", "tokens_per_second", "final_val_perplexity"} <= set(rerun.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
-    assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/model", "pretrain/reports"} <= artifacts
+    assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/reports"} <= artifacts
+    # The checkpoint is logged once, as the run's model (a text-generation pyfunc), and registered.
+    assert "pretrain/model" not in artifacts
+    (model_output,) = rerun.outputs.model_outputs
+    assert rerun.data.tags["gptlab.model_uri"] == f"models:/{model_output.model_id}"
+    assert client.search_model_versions("name = 'gptlab-pretrain'")
     (eval_run,) = by_name["eval"]
     assert set(eval_run.data.metrics) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
     # The resumed pretrain and the eval came from one `dvc repro`: one shared tag finds both.
