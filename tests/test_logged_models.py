@@ -208,6 +208,14 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
     args = ["chat", "Name a color.", "--max-new-tokens", "5"]
     assert gptlab_main([*args, "--model", "models:/gptlab-instruct/1"]) == 0
     assert capsys.readouterr().out == expected[0] + "\n"
+    # Without --max-new-tokens and without a params.yaml: the model's own default answer length.
+    assert not (tmp_path / "params.yaml").exists()
+    chat = ["chat", "Name a color.", "--model", "models:/gptlab-instruct/1"]
+    assert gptlab_main(chat) == 0
+    by_default = capsys.readouterr()
+    assert gptlab_main([*chat, "--max-new-tokens", str(params.instruct.max_new_tokens)]) == 0
+    assert by_default.out == capsys.readouterr().out
+    assert "the model's max_new_tokens" in by_default.err  # capped to the tiny context, and said so
 
 
 def test_log_models_false_logs_and_registers_nothing(

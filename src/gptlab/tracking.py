@@ -378,11 +378,12 @@ def log_model(run: StageRun, kind: str, checkpoint: Path | str, params: Any) -> 
 
 
 @contextmanager
-def downloaded_model(uri: str) -> Iterator[dict[str, Path]]:
+def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]]]:
     """A logged gptlab model's artifacts, downloaded into a temporary folder for the block.
 
     Yields local paths by artifact name: `checkpoint` (the folder `checkpoint.load_model`
-    reads), `vocab_bpe` and `encoder_json` (GPT-2's BPE files).
+    reads), `vocab_bpe` and `encoder_json` (GPT-2's BPE files); and the defaults of the
+    params in its signature (max_new_tokens, ...).
     """
     import tempfile
 
@@ -405,11 +406,13 @@ def downloaded_model(uri: str) -> Iterator[dict[str, Path]]:
                 else ""
             )
             raise GptlabError(f"{uri}: no such model in {store}: {exc.message}{hint}") from None
-        artifacts = Model.load(local).flavors.get("python_function", {}).get("artifacts", {})
+        model = Model.load(local)
+        artifacts = model.flavors.get("python_function", {}).get("artifacts", {})
         found = {name: local / entry["path"] for name, entry in artifacts.items()}
         if not {"checkpoint", "vocab_bpe", "encoder_json"} <= found.keys():
             raise GptlabError(f"{uri} is not a gptlab model: it lacks a checkpoint and GPT-2's BPE files")
-        yield found
+        params = model.signature.params if model.signature is not None else None
+        yield found, {spec.name: spec.default for spec in params.params} if params is not None else {}
 
 
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        help="longest answer in tokens (default: instruct.max_new_tokens of params.yaml)",
+        help="longest answer in tokens (default: the MLflow model's max_new_tokens, else "
+        "instruct.max_new_tokens of params.yaml)",
     )
     parser.add_argument(
         "--raw-dir",
@@ -88,9 +89,11 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
         raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
     # params.yaml fills in what the command line leaves out (so it runs from the project root).
     bpe_files = source.bpe_files if args.raw_dir is None else None
-    needs_params = (bpe_files is None and args.raw_dir is None) or args.max_new_tokens is None
+    # The logged model's own default answer length, else instruct.max_new_tokens of params.yaml.
+    max_new_tokens = args.max_new_tokens or source.defaults.get("max_new_tokens")
+    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
     params = load_params() if needs_params else None
-    max_new_tokens = args.max_new_tokens or params.instruct.max_new_tokens
+    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
     model, _ = load_model(model_dir, resolve_device(args.device))
     if model.cfg.num_classes is not None:
         raise InputError(
@@ -110,7 +113,13 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
             f"{fitted.input_tokens_kept} tokens (the instruction and the prompt template are kept whole)"
         )
     if fitted.max_new_tokens < max_new_tokens:
-        asked = "--max-new-tokens" if args.max_new_tokens is not None else "instruct.max_new_tokens"
+        asked = (
+            "--max-new-tokens"
+            if args.max_new_tokens is not None
+            else "the model's max_new_tokens"
+            if source.defaults.get("max_new_tokens")
+            else "instruct.max_new_tokens"
+        )
         _warn(
             f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
             f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MODEL_URI_PREFIXES = ("models:/", "runs:/")
 
@@ -21,6 +22,8 @@ class ModelSource:
     checkpoint: Path
     # The model's own vocab.bpe and encoder.json; None for a plain folder (the project's are used).
     bpe_files: tuple[Path, Path] | None = None
+    # The defaults of the logged model's params (e.g. max_new_tokens); empty for a folder.
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @contextmanager
@@ -33,5 +36,6 @@ def model_source(value: str | None, default: Path) -> Iterator[ModelSource]:
     else:
         from gptlab.tracking import downloaded_model  # imports mlflow: only for a model URI
 
-        with downloaded_model(value) as artifacts:
-            yield ModelSource(artifacts["checkpoint"], (artifacts["vocab_bpe"], artifacts["encoder_json"]))
+        with downloaded_model(value) as (artifacts, defaults):
+            bpe_files = (artifacts["vocab_bpe"], artifacts["encoder_json"])
+            yield ModelSource(artifacts["checkpoint"], bpe_files, defaults)
