@@ -168,7 +168,7 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/reports"} <= artifacts
     # The checkpoint is logged once, as the run's model (a text-generation pyfunc), and registered.
     assert "pretrain/model" not in artifacts
-    (model_output,) = rerun.outputs.model_outputs
+    (model_output,) = client.get_run(rerun.info.run_id).outputs.model_outputs
     assert rerun.data.tags["gptlab.model_uri"] == f"models:/{model_output.model_id}"
     assert client.search_model_versions("name = 'gptlab-pretrain'")
     (eval_run,) = by_name["eval"]
