@@ -1,10 +1,12 @@
 """gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
 
-Besides tracking.py, this is the one module that imports mlflow (`mlflow.pyfunc` and
-its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
+Besides tracking.py, this module (with its three-line models-from-code file,
+pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc` and its
+schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
 `tracking.StageRun.log_model` imports it lazily, by name, so it is part of no
 stage's import closure (dvc.yaml's deps): how a model is served changes no
-stage output, and editing this file reruns no training.
+stage output, and editing this file reruns no training. Models are logged from
+code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.
 
 A logged model holds, as artifacts, the checkpoint folder (`model.safetensors` +
 `config.json`, the weights' only copy in MLflow) and GPT-2's BPE files
@@ -152,11 +154,37 @@ class TextGenerator(_Checkpoint):
         return pd.DataFrame({"text": texts})
 
 
+_CLASSES: dict[str, type[_Checkpoint]] = {
+    "spam": SpamClassifier,
+    "instruct": InstructionModel,
+    "lm": TextGenerator,
+}
+# The key of a logged model's `model_config` that names its kind (also logged as a run param).
+KIND_KEY = "gptlab.model_kind"
+
+
+class GptlabModel(mlflow.pyfunc.PythonModel):
+    """The model that pyfunc_model_code.py sets: the class of `model_config[KIND_KEY]`, loaded and asked."""
+
+    def load_context(self, context: Any) -> None:
+        kind = (context.model_config or {}).get(KIND_KEY)
+        if kind not in _CLASSES:
+            raise ValueError(f"model_config {KIND_KEY}: expected one of {KINDS}, got {kind!r}")
+        self.model = _CLASSES[kind]()
+        self.model.load_context(context)
+
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
+        return self.model.predict(context, model_input, params)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything `mlflow.pyfunc` needs to log one checkpoint as a model."""
 
-    python_model: mlflow.pyfunc.PythonModel
+    python_model: str  # the models-from-code file
+    model_config: dict[str, str]
     artifacts: dict[str, str]
     code_paths: list[str]
     signature: ModelSignature
@@ -178,7 +206,6 @@ def model_spec(
     """
     defaults = defaults or {}
     if kind == "spam":
-        python_model: mlflow.pyfunc.PythonModel = SpamClassifier()
         inputs = Schema([ColSpec("string", "text")])
         outputs = Schema([ColSpec("string", "label"), ColSpec("double", "spam_probability")])
         param_specs = [ParamSpec("batch_size", "long", int(defaults.get("batch_size", 8)))]
@@ -186,7 +213,6 @@ def model_spec(
             {"text": ["You are a winner! Claim your free prize now", "Are we still on for dinner tonight?"]}
         )
     elif kind == "instruct":
-        python_model = InstructionModel()
         inputs = Schema([ColSpec("string", "instruction"), ColSpec("string", "input", required=False)])
         outputs = Schema([ColSpec("string", "response")])
         param_specs = [ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256)))]
@@ -198,7 +224,6 @@ def model_spec(
             {"max_new_tokens": 8},
         )
     elif kind == "lm":
-        python_model = TextGenerator()
         inputs = Schema([ColSpec("string", "prompt")])
         outputs = Schema([ColSpec("string", "text")])
         param_specs = [
@@ -213,7 +238,8 @@ def model_spec(
     import gptlab
 
     return ModelSpec(
-        python_model=python_model,
+        python_model=str(Path(__file__).with_name("pyfunc_model_code.py")),
+        model_config={KIND_KEY: kind},
         artifacts={CHECKPOINT: str(checkpoint), VOCAB_BPE: str(vocab_bpe), ENCODER_JSON: str(encoder_json)},
         code_paths=[str(Path(gptlab.__file__).parent)],
         signature=ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema(param_specs)),

@@ -364,6 +364,7 @@ def log_model(run: StageRun, kind: str, checkpoint: Path | str, params: Any) -> 
         run_id=run.run_id,
         registered_model_name=name,
         python_model=spec.python_model,
+        model_config=spec.model_config,
         artifacts=spec.artifacts,
         code_paths=spec.code_paths,
         signature=spec.signature,
