@@ -145,6 +145,7 @@ def run(params: Params) -> None:
         )
         _write_reports(result.history, responses, metrics, counts)
         _log(tracker, responses, metrics, counts, judged=cfg.judge.enabled, step=result.global_step)
+        tracker.log_model("instruct", INSTRUCT_MODEL, params)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
@@ -209,7 +210,7 @@ def _log(
     judged: bool,
     step: int,
 ) -> None:
-    """The metrics (at the last step), a table of every answer with its scores, the reports and the checkpoint."""
+    """The metrics (at the last step), a table of every answer with its scores, and the reports (the model: log_model)."""
     tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None}, step=step)
     tracker.set_tags({f"gptlab.{name}": counts[name] for name in ("steps", "tokens_seen", "test_records")})
     table: dict[str, list[Any]] = {
@@ -223,7 +224,6 @@ def _log(
         table["judge_score"] = [r["judge_score"] for r in responses]
     tracker.log_table(table, "instruct/answers.json")
     tracker.log_artifact(REPORT_DIR, "reports")
-    tracker.log_artifact(INSTRUCT_MODEL, "model")
 
 
 def _finite(value: float) -> float | None:

@@ -139,7 +139,7 @@ def run(params: Params) -> None:
         tracker.log_figure(figure, "pretrain/loss.png")
         tracker.log_text(samples, "pretrain/samples.txt")
         tracker.log_reports(REPORT_DIR, "pretrain/reports", skip=("loss.png",))
-        tracker.log_artifact(PRETRAIN_MODEL, "pretrain/model")
+        tracker.log_model("pretrain", PRETRAIN_MODEL, params)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 

@@ -192,6 +192,7 @@ def run(params: Params) -> None:
             figure,
             step=result.global_step,
         )
+        tracker.log_model("spam", SPAM_MODEL, params)
 
 
 def _percentages(scores: dict[str, float]) -> str:
@@ -266,7 +267,6 @@ def _log_run(
         "spam/test_predictions.json",
     )
     tracker.log_reports(REPORT_DIR, "spam/reports", skip=("confusion_matrix.png",))
-    tracker.log_artifact(SPAM_MODEL, "spam/model")
 
 
 if __name__ == "__main__":

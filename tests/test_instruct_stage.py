@@ -197,7 +197,11 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
         for folder in ("", "model", "reports", "instruct")
         for a in client.list_artifacts(mlflow_run.info.run_id, folder)
     }
-    assert {"model/model.safetensors", "reports/metrics.json", "instruct/answers.json"} <= artifacts
+    assert {"reports/metrics.json", "instruct/answers.json"} <= artifacts
+    # The checkpoint is the run's logged model, registered as gptlab-instruct (no second copy).
+    assert not any(path.startswith("model") for path in artifacts)
+    (version,) = client.search_model_versions("name = 'gptlab-instruct'")
+    assert version.run_id == mlflow_run.info.run_id
     table = json.loads(
         Path(client.download_artifacts(mlflow_run.info.run_id, "instruct/answers.json")).read_text()
     )

@@ -175,7 +175,12 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
     assert {"wall_seconds", "tokens_per_second", "final_val_perplexity"} <= set(rerun.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
-    assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/model", "pretrain/reports"} <= artifacts
+    assert {"pretrain/loss.png", "pretrain/samples.txt", "pretrain/reports"} <= artifacts
+    # The checkpoint is logged once, as the run's model (a text-generation pyfunc), and registered.
+    assert "pretrain/model" not in artifacts
+    (model_output,) = client.get_run(rerun.info.run_id).outputs.model_outputs
+    assert rerun.data.tags["gptlab.model_uri"] == f"models:/{model_output.model_id}"
+    assert client.search_model_versions("name = 'gptlab-pretrain'")
     # The initial losses once, at step 0; the final figures at the last step.
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial_val_loss")] == [0]
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final_val_loss")] == [23]

@@ -6,10 +6,16 @@ tests of this module: ~25 s of CPU for the stage and the DVC and MLflow checks.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -200,15 +206,10 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert [m.step for m in client.get_metric_history(run_id, "test.accuracy")] == [last_step]
     assert [m.step for m in client.get_metric_history(run_id, "initial.train_accuracy")] == [0]
     assert run.data.tags["gptlab.steps"] == str(counted["steps"])
-    artifacts = {
-        a.path
-        for folder in ("spam", "spam/model", "spam/reports")
-        for a in client.list_artifacts(run_id, folder)
-    }
+    artifacts = {a.path for folder in ("spam", "spam/reports") for a in client.list_artifacts(run_id, folder)}
     assert {
         "spam/confusion_matrix.png",
         "spam/confusion_matrix_test.json",
-        "spam/model/model.safetensors",
         "spam/reports/metrics.json",
         "spam/reports/counts.json",
     } <= artifacts
@@ -226,6 +227,10 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert "names no MLflow run" in run.data.tags["mlflow.note.content"]  # the test's base model
     _, metadata = load_model(project / "models" / "spam")
     assert metadata["mlflow_run_id"] == run_id
+    # The checkpoint is the run's logged model (its one copy in MLflow), registered as gptlab-spam.
+    assert not any(path.startswith("spam/model") for path in artifacts)
+    (version,) = client.search_model_versions("name = 'gptlab-spam'")
+    assert version.run_id == run_id and run.data.tags["gptlab.registered_model"] == "gptlab-spam/1"
     logged = json.loads(
         Path(client.download_artifacts(run_id, "spam/confusion_matrix_test.json")).read_text()
     )
@@ -331,3 +336,74 @@ def test_classify_pads_like_training_and_uses_the_checkpoint_pooling(
     assert "nothing to classify" in capsys.readouterr().err
     assert gptlab_main([*args, "hello", " "]) == 2
     assert "message 2 is empty" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_group(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (its PID), SIGKILL if it lingers; bounded waits."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, sig)
+        try:
+            server.wait(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # a worker that outlived the leader
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_registered_model_serves_over_http(trained: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """`mlflow models serve` on the stage's registered model labels a spam and a ham message as the stage did."""
+    project, env = trained
+    test = pd.read_csv(project / "data" / "processed" / "spam" / "test.csv")
+    predictions = pd.read_csv(project / "reports" / "spam" / "predictions.csv")
+    right = (
+        test["text"][predictions["actual"] == predictions["predicted"]].groupby(predictions["actual"]).first()
+    )
+    assert set(right.index) == {"ham", "spam"}, "the stage got no spam or no ham test message right"
+    messages, labels = [right["spam"], right["ham"]], ["spam", "ham"]
+
+    port = free_port()
+    mlflow_cli = Path(sys.executable).parent / "mlflow"
+    command = [str(mlflow_cli), "models", "serve", "-m", "models:/gptlab-spam/1", "--env-manager", "local"]
+    log = (tmp_path / "serve.log").open("wb")
+    server = subprocess.Popen(
+        [*command, "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
+        cwd=tmp_path,
+        env={k: v for k, v in env.items() if k != "PYTHONPATH"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, led by its PID: stopped with its workers below
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the server did not answer /ping within 120 s"
+            time.sleep(1)
+        body = json.dumps({"dataframe_split": {"columns": ["text"], "data": [[m] for m in messages]}})
+        request = urllib.request.Request(
+            f"{url}/invocations", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            answer = json.loads(reply.read())
+    finally:
+        stop_group(server)
+        log.close()
+    rows = answer["predictions"]
+    assert [row["label"] for row in rows] == labels
+    assert rows[0]["spam_probability"] > 0.5 > rows[1]["spam_probability"]

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
     ),
     "report": ("gptlab.commands.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
+    "promote": ("gptlab.commands.promote", "set the champion alias of a registered model's version"),
 }
 
 

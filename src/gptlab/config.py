@@ -383,6 +383,8 @@ class TrackingConfig:
     experiment: str
     # CPU, memory (and GPU where MLflow can read it) as system/... metrics of every run.
     system_metrics: bool = True
+    # Log each trained model as an MLflow model (registered; weights stored once, in it).
+    log_models: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ end-of-text: exactly how the instruct-finetune stage answered its test set.
 The prompt and the answer must fit the model's context: an input too long for
 it is cropped at its end (the instruction and the template never are), and the
 answer is capped at the room left, each with a warning on stderr.
+
+`--model` takes a checkpoint folder or a model logged in MLflow
+(`models:/gptlab-instruct@champion`), whose own BPE files are then used.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptlab.errors import InputError
+
+if TYPE_CHECKING:
+    from gptlab.commands.model_source import ModelSource
 
 # The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
 
@@ -32,18 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
-        type=Path,
-        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct)",
+        metavar="DIR|URI",
+        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct), or a model "
+        "logged in MLflow, e.g. models:/gptlab-instruct@champion",
     )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        help="longest answer in tokens (default: instruct.max_new_tokens of params.yaml)",
+        help="longest answer in tokens (default: the MLflow model's max_new_tokens, else "
+        "instruct.max_new_tokens of params.yaml)",
     )
     parser.add_argument(
         "--raw-dir",
         type=Path,
-        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: data.raw_dir of params.yaml)",
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
+        "else data.raw_dir of params.yaml)",
     )
     parser.add_argument(
         "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
@@ -51,15 +61,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gptlab.commands.model_source import model_source
+    from gptlab.paths import INSTRUCT_MODEL
+
+    with model_source(args.model, INSTRUCT_MODEL) as source:
+        return _chat(args, source)
+
+
+def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     from gptlab.checkpoint import CONFIG_FILE, load_model
     from gptlab.config import load_params
     from gptlab.paths import INSTRUCT_MODEL
     from gptlab.responses import fit_to_context, generate_response
     from gptlab.runtime import resolve_device
     from gptlab.smoke import smoke_model_hint
-    from gptlab.tokenizer import load_tokenizer
+    from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
-    model_dir = args.model if args.model is not None else INSTRUCT_MODEL
+    model_dir = source.checkpoint
     if not (model_dir / CONFIG_FILE).is_file():
         hint = "" if args.model is not None else smoke_model_hint("chat", INSTRUCT_MODEL, _raw_dir_default())
         print(
@@ -73,16 +91,22 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
     # params.yaml fills in what the command line leaves out (so it runs from the project root).
-    params = load_params() if args.raw_dir is None or args.max_new_tokens is None else None
-    raw_dir = args.raw_dir or Path(params.data.raw_dir)
-    max_new_tokens = args.max_new_tokens or params.instruct.max_new_tokens
+    bpe_files = source.bpe_files if args.raw_dir is None else None
+    # The logged model's own default answer length, else instruct.max_new_tokens of params.yaml.
+    max_new_tokens = args.max_new_tokens or source.defaults.get("max_new_tokens")
+    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
+    params = load_params() if needs_params else None
+    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
     model, _ = load_model(model_dir, resolve_device(args.device))
     if model.cfg.num_classes is not None:
         raise InputError(
-            f"{model_dir} is a classifier, not a language model: point --model at models/instruct"
+            f"{args.model or model_dir} is a classifier, not a language model: point --model at models/instruct"
         )
     entry = {"instruction": args.instruction, "input": args.input, "output": ""}
-    tokenizer = load_tokenizer(raw_dir)
+    if bpe_files is not None:
+        tokenizer = gpt2_tokenizer(*bpe_files)
+    else:
+        tokenizer = load_tokenizer(args.raw_dir or Path(params.data.raw_dir))
     context = model.cfg.context_length
     fitted = fit_to_context(tokenizer, entry, context_length=context, max_new_tokens=max_new_tokens)
     if fitted.input_cropped:
@@ -92,7 +116,13 @@ def run(args: argparse.Namespace) -> int:
             f"{fitted.input_tokens_kept} tokens (the instruction and the prompt template are kept whole)"
         )
     if fitted.max_new_tokens < max_new_tokens:
-        asked = "--max-new-tokens" if args.max_new_tokens is not None else "instruct.max_new_tokens"
+        asked = (
+            "--max-new-tokens"
+            if args.max_new_tokens is not None
+            else "the model's max_new_tokens"
+            if source.defaults.get("max_new_tokens")
+            else "instruct.max_new_tokens"
+        )
         _warn(
             f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
             f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"

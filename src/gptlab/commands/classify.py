@@ -4,6 +4,9 @@ Messages come as arguments, or one per line from `--file PATH` (`-` for stdin).
 Each is encoded, truncated and padded to the checkpoint's training length as
 in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`
 (or one JSON object per line with `--json`).
+
+`--model` takes a checkpoint folder or a model logged in MLflow
+(`models:/gptlab-spam@champion`), whose own BPE files are then used.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptlab.errors import InputError
+
+if TYPE_CHECKING:
+    from gptlab.commands.model_source import ModelSource
 
 # The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
 
@@ -27,15 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
-        type=Path,
-        metavar="DIR",
-        help="classifier checkpoint folder (default: the output of `dvc repro spam-finetune`, models/spam)",
+        metavar="DIR|URI",
+        help="classifier checkpoint folder (default: the output of `dvc repro spam-finetune`, models/spam), "
+        "or a model logged in MLflow, e.g. models:/gptlab-spam@champion or models:/gptlab-spam/3",
     )
     parser.add_argument(
         "--raw-dir",
         type=Path,
         metavar="DIR",
-        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: data.raw_dir of params.yaml)",
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
+        "else data.raw_dir of params.yaml)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="messages per forward pass (default: 8)")
     parser.add_argument(
@@ -47,15 +55,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gptlab.commands.model_source import model_source
+    from gptlab.paths import SPAM_MODEL
+
+    with model_source(args.model, SPAM_MODEL) as source:
+        return _classify(args, source)
+
+
+def _classify(args: argparse.Namespace, source: ModelSource) -> int:
     from gptlab.checkpoint import CONFIG_FILE, load_model
     from gptlab.classifier import classify_texts
     from gptlab.config import load_params
     from gptlab.paths import SPAM_MODEL
     from gptlab.runtime import resolve_device
     from gptlab.smoke import smoke_model_hint
-    from gptlab.tokenizer import load_tokenizer
+    from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
-    model_dir: Path = args.model if args.model is not None else SPAM_MODEL
+    model_dir = source.checkpoint
     if not (model_dir / CONFIG_FILE).is_file():
         hint = "" if args.model is not None else smoke_model_hint("classify", SPAM_MODEL, _raw_dir_default())
         print(
@@ -69,13 +85,16 @@ def run(args: argparse.Namespace) -> int:
     texts = _read_texts(args.texts, args.file)
     model, metadata = load_model(model_dir, resolve_device(args.device))
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
+    shown = args.model or model_dir
     if model.cfg.num_classes is None or missing:
         raise InputError(
-            f"{model_dir} is not a spam-finetune classifier (no class head, or its metadata lacks "
+            f"{shown} is not a spam-finetune classifier (no class head, or its metadata lacks "
             f"{missing}): run `dvc repro spam-finetune`, or point --model at its output"
         )
-    raw_dir = args.raw_dir if args.raw_dir is not None else Path(load_params().data.raw_dir)
-    tokenizer = load_tokenizer(raw_dir)
+    if args.raw_dir is None and source.bpe_files is not None:
+        tokenizer = gpt2_tokenizer(*source.bpe_files)
+    else:
+        tokenizer = load_tokenizer(args.raw_dir if args.raw_dir is not None else load_params().data.raw_dir)
     probs = classify_texts(
         model,
         tokenizer,

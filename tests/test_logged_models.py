@@ -1,0 +1,232 @@
+"""Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
+
+Each test logs tiny checkpoints through `StageRun.log_model` into its own SQLite
+store (the conftest fixture), then reads them back as a user would: with
+`mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
+and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import save_model
+from gptlab.classifier import classify_texts, make_classifier
+from gptlab.cli import main as gptlab_main
+from gptlab.config import Params
+from gptlab.model import GPTModel
+from gptlab.tracking import NULL_RUN, stage_run
+
+from helpers import PROJECT_ROOT, committed_params
+
+MESSAGES = [
+    "Free entry in 2 a wkly comp to win FA Cup final tkts 21st May 2005. Text FA to 87121",
+    "Hey, just wanted to check if we're still on for dinner?",
+]
+
+# Runs in a fresh interpreter: the project's src (the editable install's path entry) is taken off
+# sys.path first, so the model can only run through the gptlab code it carries.
+LOAD_AND_PREDICT = """
+import importlib.util, json, sys
+from pathlib import Path
+sys.path[:] = [p for p in sys.path if not (Path(p or ".") / "gptlab" / "__init__.py").is_file()]
+assert importlib.util.find_spec("gptlab") is None, "the project is still importable"
+import mlflow.pyfunc, pandas as pd
+model = mlflow.pyfunc.load_model(sys.argv[1])
+import gptlab
+params = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+out = model.predict(pd.DataFrame(json.loads(sys.argv[2])), params=params)
+print(json.dumps({"gptlab": gptlab.__file__, "predictions": out.to_dict(orient="list")}))
+"""
+
+
+def load_in_clean_process(uri: str, frame: dict, tmp_path: Path, params: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = [sys.executable, "-c", LOAD_AND_PREDICT, uri, json.dumps(frame)]
+    if params is not None:
+        args.append(json.dumps(params))
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    gptlab_file = Path(result["gptlab"]).resolve()
+    assert PROJECT_ROOT not in gptlab_file.parents and "code" in gptlab_file.parts, gptlab_file
+    return result["predictions"]
+
+
+def params_for(shared_data: Path, **tracking: object) -> Params:
+    """The committed params, with the BPE files read from the test inputs."""
+    params = committed_params()
+    return dataclasses.replace(
+        params,
+        data=dataclasses.replace(params.data, raw_dir=str(shared_data)),
+        tracking=dataclasses.replace(params.tracking, **tracking),
+    )
+
+
+def tiny_classifier(directory: Path) -> GPTModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = make_classifier(GPTModel(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    save_model(model, directory, {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "last"})
+    return model
+
+
+def tiny_language_model(directory: Path) -> GPTModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=128, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = GPTModel(cfg).eval()
+    save_model(model, directory, {"source": "test"})
+    return model
+
+
+def all_run_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    found = []
+    for entry in client.list_artifacts(run_id, path):
+        found += all_run_artifacts(client, run_id, entry.path) if entry.is_dir else [entry.path]
+    return found
+
+
+def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
+    tmp_path: Path,
+    shared_data: Path,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = tiny_classifier(tmp_path / "clf")
+    params = params_for(shared_data)
+    runs = []
+    for _ in range(2):  # two training runs: two versions
+        with stage_run("spam-finetune", "gptlab", {}) as tracker:
+            uri = tracker.log_model("spam", tmp_path / "clf", params)
+            runs.append((tracker.run_id, uri))
+    capsys.readouterr()
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    versions = client.search_model_versions("name = 'gptlab-spam'")
+    assert sorted(int(v.version) for v in versions) == [1, 2]
+    assert {v.run_id for v in versions} == {run_id for run_id, _ in runs}
+    experiment = client.get_experiment_by_name("gptlab")
+    logged = client.search_logged_models([experiment.experiment_id])
+    assert {f"models:/{m.model_id}" for m in logged} == {uri for _, uri in runs}
+    for run_id, uri in runs:
+        run = client.get_run(run_id)
+        assert run.data.tags["gptlab.model_uri"] == uri
+        assert [o.model_id for o in run.outputs.model_outputs] == [uri.removeprefix("models:/")]
+        # The weights' one copy is inside the model, none among the run's own artifacts.
+        assert not [a for a in all_run_artifacts(client, run_id) if a.endswith(".safetensors")]
+    for logged_model in logged:
+        files = Path(urlparse(logged_model.artifact_location).path)
+        assert [p.relative_to(files).as_posix() for p in files.rglob("*.safetensors")] == [
+            "artifacts/clf/model.safetensors"
+        ]
+        assert (files / "MLmodel").is_file() and (files / "code" / "gptlab" / "classifier.py").is_file()
+
+    # A fresh Python without the project loads it and labels exactly as the checkpoint does.
+    expected = classify_texts(model, tokenizer, MESSAGES, max_length=12, pooling="last")
+    predictions = load_in_clean_process("models:/gptlab-spam/1", {"text": MESSAGES}, tmp_path)
+    assert predictions["label"] == [("ham", "spam")[int(p.argmax())] for p in expected]
+    assert predictions["spam_probability"] == pytest.approx(expected[:, 1].tolist(), abs=1e-6)
+
+    # promote, then classify through the alias: the same output as the folder itself.
+    assert gptlab_main(["promote", "gptlab-spam", "2"]) == 0
+    assert "models:/gptlab-spam@champion" in capsys.readouterr().out
+    assert str(client.get_model_version_by_alias("gptlab-spam", "champion").version) == "2"
+    folder = [
+        "classify",
+        "--json",
+        "--model",
+        str(tmp_path / "clf"),
+        "--raw-dir",
+        str(shared_data),
+        *MESSAGES,
+    ]
+    assert gptlab_main(folder) == 0
+    from_folder = capsys.readouterr().out
+    assert gptlab_main(["classify", "--json", "--model", "models:/gptlab-spam@champion", *MESSAGES]) == 0
+    assert capsys.readouterr().out == from_folder
+
+    assert gptlab_main(["promote", "gptlab-spam", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "no version 7 of registered model 'gptlab-spam'" in err and "its versions are 1, 2" in err
+    assert gptlab_main(["classify", "--model", "models:/gptlab-spam@nobody", "hi"]) == 2
+    assert "gptlab promote" in capsys.readouterr().err
+
+
+def test_instruct_and_language_models_load_without_the_project_and_chat_uses_them(
+    tmp_path: Path,
+    shared_data: Path,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gptlab.config import SampleConfig
+    from gptlab.generate import generate_text
+    from gptlab.responses import generate_response
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_language_model(tmp_path / "lm")
+    params = params_for(shared_data)
+    with stage_run("instruct-finetune", "gptlab", {}) as tracker:
+        tracker.log_model("instruct", tmp_path / "lm", params)
+    with stage_run("pretrain", "gptlab", {}) as tracker:
+        tracker.log_model("pretrain", tmp_path / "lm", params)
+    capsys.readouterr()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
+    assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-pretrain'")] == [1]
+
+    records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
+    answers = load_in_clean_process("models:/gptlab-instruct/1", records, tmp_path, {"max_new_tokens": 5})
+    expected = [
+        generate_response(model, tokenizer, {"instruction": i, "input": x}, max_new_tokens=5)
+        for i, x in zip(records["instruction"], records["input"], strict=True)
+    ]
+    assert answers["response"] == expected
+
+    sample = SampleConfig(prompt="Every effort moves you", max_new_tokens=6, temperature=1.0, top_k=5, seed=7)
+    texts = load_in_clean_process(
+        "models:/gptlab-pretrain/1",
+        {"prompt": [sample.prompt]},
+        tmp_path,
+        {"max_new_tokens": 6, "temperature": 1.0, "top_k": 5, "seed": 7},
+    )
+    assert texts["text"] == [generate_text(model, tokenizer, sample)]
+
+    args = ["chat", "Name a color.", "--max-new-tokens", "5"]
+    assert gptlab_main([*args, "--model", "models:/gptlab-instruct/1"]) == 0
+    assert capsys.readouterr().out == expected[0] + "\n"
+    # Without --max-new-tokens and without a params.yaml: the model's own default answer length.
+    assert not (tmp_path / "params.yaml").exists()
+    chat = ["chat", "Name a color.", "--model", "models:/gptlab-instruct/1"]
+    assert gptlab_main(chat) == 0
+    by_default = capsys.readouterr()
+    assert gptlab_main([*chat, "--max-new-tokens", str(params.instruct.max_new_tokens)]) == 0
+    assert by_default.out == capsys.readouterr().out
+    assert "the model's max_new_tokens" in by_default.err  # capped to the tiny context, and said so
+
+
+def test_log_models_false_logs_and_registers_nothing(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        assert tracker.log_model("spam", tmp_path / "clf", params_for(shared_data, log_models=False)) is None
+        run_id = tracker.run_id
+    assert NULL_RUN.log_model("spam", tmp_path / "clf", params_for(shared_data)) is None
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert client.search_registered_models() == []
+    assert all_run_artifacts(client, run_id) == []
