@@ -49,7 +49,7 @@ from gptlab.responses import generate_responses, rouge_l
 from gptlab.runtime import autocast
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import RUN_ID_KEY, StageRun, stage_run
+from gptlab.tracking import StageRun, stage_run
 from gptlab.train import fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -140,9 +140,9 @@ def run(params: Params) -> None:
                 "tokens_seen": result.seen,
                 "mask_prompt": cfg.mask_prompt,
                 "allowed_max_length": cfg.allowed_max_length,
-                RUN_ID_KEY: tracker.run_id,
             },
         )
+        tracker.record_checkpoint(INSTRUCT_MODEL)
         _write_reports(result.history, responses, metrics, counts)
         _log(tracker, responses, metrics, counts, judged=cfg.judge.enabled, step=result.global_step)
         tracker.log_model("instruct", INSTRUCT_MODEL, params)

@@ -40,7 +40,7 @@ from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import RUN_ID_KEY, stage_run
+from gptlab.tracking import stage_run
 from gptlab.typed_config import ConfigError, flatten
 
 REPORT_DIR = REPORTS / "load-gpt2"
@@ -164,7 +164,8 @@ def run(params: Params) -> None:
                 },
             )
             model, metadata = import_base_model(name, params, weights[name])
-            save_model(model, GPT2_MODELS / name, {**metadata, RUN_ID_KEY: tracker.run_id})
+            save_model(model, GPT2_MODELS / name, metadata)
+            tracker.record_checkpoint(GPT2_MODELS / name)
             model.to(device).eval()
             report[name] = verdict_losses(model, params, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)

@@ -33,7 +33,7 @@ from gptlab.plots import plot_losses
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import RUN_ID_KEY, stage_run
+from gptlab.tracking import stage_run
 from gptlab.train import fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -116,9 +116,9 @@ def run(params: Params) -> None:
                 "params": flatten(cfg, "pretrain"),
                 "metrics": metrics,
                 "counts": counts,
-                RUN_ID_KEY: tracker.run_id,
             },
         )
+        tracker.record_checkpoint(PRETRAIN_MODEL)
         figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
         write_json(REPORT_DIR / "metrics.json", metrics)
         write_json(REPORT_DIR / "counts.json", counts)

@@ -42,7 +42,7 @@ from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
-from gptlab.tracking import RUN_ID_KEY, StageRun, stage_run
+from gptlab.tracking import StageRun, stage_run
 from gptlab.train import evaluation_loader, fit
 from gptlab.train_state import resume_folder
 from gptlab.typed_config import flatten
@@ -173,9 +173,9 @@ def run(params: Params) -> None:
                 "trainable": cfg.trainable,
                 "metrics": {split: metrics[split] for split in SPLITS},
                 "stage": STAGE,
-                RUN_ID_KEY: tracker.run_id,
             },
         )
+        tracker.record_checkpoint(SPAM_MODEL)
         test_actual, test_predicted, test_probs = predictions["test"]
         _write_reports(metrics, counts, result.history, result.epochs, initial, test_actual, test_predicted)
         figure = plot_confusion_matrix(

@@ -16,7 +16,7 @@ from gptlab.checkpoint import read_config
 from gptlab.config import load_params
 from gptlab.datasets import instruct, verdict
 from gptlab.tokenizer import load_tokenizer
-from gptlab.tracking import dvc_md5, tracking_uri
+from gptlab.tracking import dvc_md5, tracking_uri, weights_sha256
 from stages import instruct_finetune, load_gpt2, pretrain
 
 from helpers import committed_params_raw
@@ -72,13 +72,14 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     experiment = client.get_experiment_by_name("gptlab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"pretrain", "load-gpt2/gpt2-small", "instruct-finetune"}
-    # Each checkpoint names the run that wrote it.
+    # Each run is tagged with the weights it wrote (the checkpoints themselves name no run).
     for run_name, checkpoint in (
         ("pretrain", "models/pretrain"),
         ("load-gpt2/gpt2-small", "models/gpt2/gpt2-small"),
         ("instruct-finetune", "models/instruct"),
     ):
-        assert read_config(checkpoint)[1]["mlflow_run_id"] == runs[run_name].info.run_id
+        assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == weights_sha256(checkpoint)
+        assert "mlflow_run_id" not in read_config(checkpoint)[1]
 
     # Walk the lineage tags from the instruct run to the pretrain run.
     steps = []

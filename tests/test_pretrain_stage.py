@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from gptlab.checkpoint import load_model
 from gptlab.config import load_params
 from gptlab.plots import plot_losses
-from gptlab.tracking import tracking_uri
+from gptlab.tracking import tracking_uri, weights_sha256
 from gptlab.train_state import list_checkpoints
 from gptlab.typed_config import ConfigError
 from stages import pretrain as pretrain_stage
@@ -76,12 +76,7 @@ def dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def snapshot(project: Path) -> dict[str, bytes]:
-    """The stage's outputs; the checkpoint's config.json without the MLflow run id (new each run)."""
-    found = {name: (project / name).read_bytes() for name in OUTPUTS}
-    config = json.loads(found["models/pretrain/config.json"])
-    assert config["metadata"].pop("mlflow_run_id")
-    found["models/pretrain/config.json"] = json.dumps(config).encode()
-    return found
+    return {name: (project / name).read_bytes() for name in OUTPUTS}
 
 
 def newest_step(project: Path) -> int:
@@ -185,7 +180,7 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial_val_loss")] == [0]
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final_val_loss")] == [23]
     assert rerun.data.tags["gptlab.steps"] == "24"
-    assert metadata["mlflow_run_id"] == rerun.info.run_id
+    assert rerun.data.tags["gptlab.checkpoint_sha256"] == weights_sha256(project / "models/pretrain")
     reports = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain/reports")}
     assert "pretrain/reports/loss.png" not in reports and "pretrain/reports/counts.json" in reports
     # Its input: the Verdict splits, hashed as DVC hashes them.

@@ -23,7 +23,7 @@ from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
-from gptlab.tracking import NULL_RUN, RUN_ID_KEY, dvc_md5, pipeline_run_id, stage_run, tracking_uri
+from gptlab.tracking import dvc_md5, pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
@@ -251,19 +251,22 @@ def test_log_input_records_the_dvc_hash_and_split_sizes(tmp_path: Path) -> None:
     }
 
 
-def test_link_upstream_tags_the_run_and_links_it_in_the_description() -> None:
+def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "models" / "pretrain"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
     with stage_run("pretrain", "exp-lineage", {}) as upstream:
+        upstream.record_checkpoint(checkpoint)
         upstream_id = upstream.run_id
     experiment_id = client().get_run(upstream_id).info.experiment_id
-    with stage_run("eval", "exp-lineage", {}) as run:
-        run.link_upstream(Path("models/pretrain"), {"stage": "pretrain", RUN_ID_KEY: upstream_id})
+    with stage_run("eval", "exp-other", {}) as run:  # another experiment: found all the same
+        run.link_upstream(checkpoint, {"stage": "pretrain"})
         run_id = run.run_id
     tags = client().get_run(run_id).data.tags
     assert tags["gptlab.upstream_run_id"] == upstream_id
     assert tags["gptlab.upstream_stage"] == "pretrain"
-    assert tags["gptlab.upstream_checkpoint"] == "models/pretrain"
+    assert tags["gptlab.upstream_checkpoint"] == checkpoint.as_posix()
     assert f"[pretrain](#/experiments/{experiment_id}/runs/{upstream_id})" in tags["mlflow.note.content"]
-    assert NULL_RUN.run_id is None  # what a torchrun rank other than 0 writes into checkpoints
 
 
 def _dvc_env() -> dict[str, str]:

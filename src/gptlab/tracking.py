@@ -42,7 +42,8 @@ TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
 SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
 SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
 # The key of a checkpoint's metadata that names the MLflow run which wrote it.
-RUN_ID_KEY = "mlflow_run_id"
+# The tag naming the checkpoint a run wrote: the sha256 of its weights file.
+CHECKPOINT_TAG = "gptlab.checkpoint_sha256"
 # The most entries MLflow accepts in one log_batch call, per kind.
 _MAX_PARAMS = 100
 _MAX_METRICS = 1000
@@ -135,27 +136,38 @@ class StageRun:
         tags = [InputTag("mlflow.data.context", context), InputTag("gptlab.path", path.as_posix())]
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags)])
 
+    def record_checkpoint(self, checkpoint: Path | str) -> None:
+        """Tag this run as the writer of `checkpoint`, by the sha256 of its weights.
+
+        The checkpoint itself does not name the run: a retrain with the same params
+        must write the same bytes (DVC then reruns nothing downstream), and the
+        weights' hash finds the run just as well.
+        """
+        self.set_tags({CHECKPOINT_TAG: weights_sha256(checkpoint)})
+
     def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
-        """Tag the run that wrote `checkpoint` (its metadata names it) and link it in this run's description.
+        """Tag the run that wrote `checkpoint` (found by its weights' hash) and link it in the description.
 
         Each run links one step up, so the UI walks instruct -> load-gpt2 -> pretrain.
         """
-        checkpoint = Path(checkpoint).as_posix()
         stage = str(metadata.get("stage") or "unknown")
-        upstream_id = metadata.get(RUN_ID_KEY)
+        digest = weights_sha256(checkpoint)
+        checkpoint = Path(checkpoint).as_posix()
         tags = {"gptlab.upstream_checkpoint": checkpoint, "gptlab.upstream_stage": stage}
-        if not upstream_id:
-            note = f"Started from `{checkpoint}` (stage {stage}), which names no MLflow run."
+        experiments = [e.experiment_id for e in self.client.search_experiments()]
+        writers = self.client.search_runs(
+            experiments,
+            filter_string=f"tags.`{CHECKPOINT_TAG}` = '{digest}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if not writers:
+            note = f"Started from `{checkpoint}` (stage {stage}), written by no run in this MLflow store."
         else:
-            tags["gptlab.upstream_run_id"] = upstream_id
-            try:
-                upstream = self.client.get_run(upstream_id)
-            except mlflow.exceptions.MlflowException:
-                note = f"Started from `{checkpoint}`, written by {stage} run `{upstream_id}` (not in this store)."
-            else:
-                link = f"#/experiments/{upstream.info.experiment_id}/runs/{upstream_id}"
-                name = upstream.info.run_name or stage
-                note = f"Started from `{checkpoint}`, written by the {stage} run [{name}]({link})."
+            upstream = writers[0].info
+            tags["gptlab.upstream_run_id"] = upstream.run_id
+            link = f"#/experiments/{upstream.experiment_id}/runs/{upstream.run_id}"
+            note = f"Started from `{checkpoint}`, written by the run [{upstream.run_name or stage}]({link})."
         tags["mlflow.note.content"] = note
         self.set_tags(tags)
 
@@ -203,6 +215,9 @@ class NullRun(StageRun):
     def log_input(
         self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
     ) -> None:
+        pass
+
+    def record_checkpoint(self, checkpoint: Path | str) -> None:
         pass
 
     def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
@@ -396,6 +411,12 @@ def _git_state() -> tuple[str, bool]:
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value)
     return text if len(text) <= 6000 else text[:5997] + "..."
+
+
+def weights_sha256(checkpoint: Path | str) -> str:
+    """sha256 of a checkpoint folder's weights file: what identifies a model across runs."""
+    with (Path(checkpoint) / "model.safetensors").open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def dvc_md5(path: Path | str) -> str:
