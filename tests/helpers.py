@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import platformdirs
 import pytest
 import yaml
 
@@ -74,12 +75,7 @@ def cache_dir() -> Path:
     """$GPTLAB_CACHE_DIR, else the platform's per-user cache folder for gptlab."""
     if value := os.environ.get(CACHE_ENV):
         return Path(value).expanduser()
-    try:
-        from platformdirs import user_cache_dir
-    except ImportError:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        return Path(base) / "gptlab"
-    return Path(user_cache_dir("gptlab"))
+    return Path(platformdirs.user_cache_dir("gptlab"))
 
 
 def fetch_test_inputs(sources: Sources, cache: Path, mirror: Path | None) -> Path:

@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import platformdirs
 import pytest
 import yaml
 
@@ -194,7 +195,6 @@ def test_cache_dir_is_per_user_and_overridable(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
     assert cache_dir() == tmp_path / "mine"
     monkeypatch.delenv(CACHE_ENV)
-    platformdirs = pytest.importorskip("platformdirs")
     assert cache_dir() == Path(platformdirs.user_cache_dir("gptlab"))
 
 
