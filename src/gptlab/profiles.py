@@ -18,7 +18,7 @@ import yaml
 
 from gptlab.config import Params
 from gptlab.errors import InputError
-from gptlab.typed_config import ConfigError, build
+from gptlab.typed_config import ConfigError, build, flatten
 
 PROFILES_DIR = Path("profiles")
 
@@ -44,7 +44,7 @@ def load_overrides(profile: Path, params_file: Path) -> dict[str, Any]:
         build(Params, _merge(params, overrides), "")
     except ConfigError as exc:
         raise ConfigError(f"{profile}: {exc}") from None
-    return _flatten(overrides)
+    return flatten(overrides)
 
 
 def set_arguments(overrides: dict[str, Any]) -> list[str]:
@@ -68,14 +68,3 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
-
-
-def _flatten(overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name))
-        else:
-            flat[name] = value
-    return flat

@@ -32,6 +32,7 @@ import yaml
 
 from gptlab.errors import InputError
 from gptlab.paths import REPORTS
+from gptlab.typed_config import flatten
 
 BOOK_FILE = Path("reproduction/book.yaml")
 REPORT_NAME = "REPRODUCTION.md"
@@ -311,28 +312,19 @@ class RunInfo:
         return cls(reports_dir, root, params, origin, _matching_profile(root, params), _git_commit(root))
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix: data}
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
     """The params recorded in dvc.lock (what the stages ran with), else those in params.yaml."""
     try:
         lock = yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
         params: dict[str, Any] = {}
         for stage in (lock.get("stages") or {}).values():
-            params.update(_flatten((stage.get("params") or {}).get("params.yaml") or {}))
+            params.update(flatten((stage.get("params") or {}).get("params.yaml") or {}))
         if params:
             return params, "dvc.lock"
     except (OSError, yaml.YAMLError, AttributeError):
         pass
     try:
-        return _flatten(
+        return flatten(
             yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
         ), "params.yaml"
     except (OSError, yaml.YAMLError):
@@ -344,7 +336,7 @@ def _matching_profile(root: Path, params: Mapping[str, Any]) -> str | None:
     matches = []
     for profile in sorted((root / "profiles").glob("*.yaml")):
         try:
-            overrides = _flatten(yaml.safe_load(profile.read_text(encoding="utf-8")) or {})
+            overrides = flatten(yaml.safe_load(profile.read_text(encoding="utf-8")) or {})
         except (OSError, yaml.YAMLError):
             continue
         known = {key: value for key, value in overrides.items() if key in params}
