@@ -29,6 +29,7 @@ import tiktoken
 import torch
 
 from gptlab.checkpoint import load_model, read_config, save_model
+from gptlab.chunked_loss import language_model_loss
 from gptlab.config import InstructConfig, Params
 from gptlab.datasets.instruct import (
     SPLITS,
@@ -42,7 +43,7 @@ from gptlab.distributed import is_main
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_json
 from gptlab.judge import check_judge, judge_all, summarize
-from gptlab.losses import dataset_loss, next_token_loss
+from gptlab.losses import dataset_loss
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
 from gptlab.responses import generate_responses, rouge_l
@@ -106,7 +107,7 @@ def run(params: Params) -> None:
             datasets["train"],
             datasets["val"],
             cfg=cfg.train,
-            loss_fn=next_token_loss,
+            loss_fn=language_model_loss(cfg.train.loss_kernel),
             run_dir=run_dir,
             collate_fn=collate,
             tracker=tracker,

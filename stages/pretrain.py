@@ -21,12 +21,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from gptlab.checkpoint import save_model
+from gptlab.chunked_loss import language_model_loss
 from gptlab.config import Params, TrainConfig
 from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.distributed import is_main
 from gptlab.files import write_csv, write_figure, write_json
 from gptlab.generate import generate_text
-from gptlab.losses import dataset_loss, next_token_loss, perplexity
+from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
@@ -91,7 +92,7 @@ def run(params: Params) -> None:
             data["train"],
             data["val"],
             cfg=cfg.train,
-            loss_fn=next_token_loss,
+            loss_fn=language_model_loss(cfg.train.loss_kernel),
             run_dir=run_dir,
             tracker=tracker,
             on_epoch_end=on_epoch_end,

@@ -117,6 +117,8 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         device="cpu",
         precision="fp32",
         fused_adamw=False,
+        loss_kernel="book",
+        compile=False,
         checkpoint_every=3,
         keep_checkpoints=1,
         max_steps=None,

@@ -24,7 +24,7 @@ from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import WEIGHTS_FILE
 from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
-from gptlab.losses import IGNORE_INDEX, average_loss, next_token_loss
+from gptlab.losses import IGNORE_INDEX, LossFn, average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
@@ -52,6 +52,8 @@ TRAIN = TrainConfig(
     device="cpu",
     precision="fp32",
     fused_adamw=True,
+    loss_kernel="book",
+    compile=False,
     checkpoint_every=4,
     keep_checkpoints=2,
     max_steps=None,
@@ -76,12 +78,10 @@ def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def run_fit(checkpoint_dir: Path, cfg: TrainConfig = TRAIN, **kwargs: Any):
+def run_fit(checkpoint_dir: Path, cfg: TrainConfig = TRAIN, loss_fn: LossFn = next_token_loss, **kwargs: Any):
     train_data, val_data = verdict_data()
     model = tiny_model()
-    result = fit(
-        model, train_data, val_data, cfg=cfg, loss_fn=next_token_loss, run_dir=checkpoint_dir, **kwargs
-    )
+    result = fit(model, train_data, val_data, cfg=cfg, loss_fn=loss_fn, run_dir=checkpoint_dir, **kwargs)
     return model, result
 
 

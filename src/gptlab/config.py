@@ -32,6 +32,7 @@ class ModelSpec:
     drop_rate: float
     qkv_bias: bool
     attention: Literal["sdpa", "masked_softmax"]
+    kernels: Literal["book", "fused"]
     emb_dim: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
@@ -65,6 +66,7 @@ class ModelSpec:
             drop_rate=self.drop_rate,
             qkv_bias=self.qkv_bias,
             attention=self.attention,
+            kernels=self.kernels,
             **overrides,
         )
 
@@ -96,9 +98,15 @@ class TrainConfig:
     min_lr: float
     # "auto" picks cuda, then mps, then cpu.
     device: Literal["auto", "cpu", "cuda", "mps"]
-    precision: Literal["fp32", "bf16"]
+    # auto: bf16 autocast where bf16 is fast (AMX / AVX-512 BF16 CPUs, CUDA GPUs), fp32 elsewhere.
+    precision: Literal["fp32", "bf16", "auto"]
     # Same maths as the default AdamW, an order of magnitude faster on CPU (see FACTS).
     fused_adamw: bool
+    # book: logits then F.cross_entropy; chunked: head and cross entropy fused a chunk of tokens at a
+    # time, never materialising all logits (next-token stages; see gptlab.chunked_loss).
+    loss_kernel: Literal["book", "chunked"]
+    # Train through torch.compile (first step pays a compile of ~1 min on CPU).
+    compile: bool
     checkpoint_every: int
     keep_checkpoints: int
     # Stop after this many optimizer steps (smoke runs); null trains all epochs.
@@ -334,6 +342,11 @@ class SpamConfig:
             self.initial_eval_batches > 0,
             "initial_eval_batches",
             f"expected a positive integer, got {self.initial_eval_batches}",
+        )
+        require(
+            self.train.loss_kernel == "book",
+            "train.loss_kernel",
+            "the classification loss has no chunked form; use book",
         )
 
 

@@ -2,8 +2,10 @@
 
 Modules are created in the book's order, so that after `torch.manual_seed(123)`
 a freshly built model holds exactly the book's random weights. The only
-additions are a KV cache for fast generation and a choice of attention kernel
-(`scaled_dot_product_attention` or the book's masked softmax; same maths).
+additions are a KV cache for fast generation, a choice of attention kernel
+(`scaled_dot_product_attention` or the book's masked softmax; same maths) and
+of the other kernels (`kernels: fused`: torch's layer norm and tanh-GELU and one
+matmul for the queries, keys and values; same maths and parameter names).
 No I/O here: checkpoints live in checkpoint.py.
 """
 
@@ -21,13 +23,16 @@ from gptlab.architecture import ModelConfig
 class LayerNorm(nn.Module):
     """Normalises each token's embedding to zero mean and unit (population) variance."""
 
-    def __init__(self, emb_dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, emb_dim: int, eps: float = 1e-5, kernels: str = "book") -> None:
         super().__init__()
         self.eps = eps
+        self.kernels = kernels
         self.scale = nn.Parameter(torch.ones(emb_dim))
         self.shift = nn.Parameter(torch.zeros(emb_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "fused":  # one kernel instead of the book's six element-wise passes
+            return F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)
         mean = x.mean(dim=-1, keepdim=True)
         var = x.var(dim=-1, keepdim=True, unbiased=False)  # GPT-2 (and TF) use the biased estimate
         norm_x = (x - mean) / torch.sqrt(var + self.eps)
@@ -37,7 +42,13 @@ class LayerNorm(nn.Module):
 class GELU(nn.Module):
     """GELU with GPT-2's tanh approximation."""
 
+    def __init__(self, kernels: str = "book") -> None:
+        super().__init__()
+        self.kernels = kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "fused":
+            return F.gelu(x, approximate="tanh")
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
 
 
@@ -46,7 +57,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(
             nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim),
-            GELU(),
+            GELU(cfg.kernels),
             nn.Linear(4 * cfg.emb_dim, cfg.emb_dim),
         )
 
@@ -94,6 +105,7 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         qkv_bias: bool = False,
         attention: str = "sdpa",
+        kernels: str = "book",
     ) -> None:
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
@@ -101,6 +113,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
         self.attention = attention
+        self.kernels = kernels
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -110,9 +123,10 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
         b, num_tokens, _ = x.shape
         # (b, t, d_out) -> (b, t, heads, head_dim) -> (b, heads, t, head_dim)
-        queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        keys = self.W_key(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        values = self.W_value(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        queries, keys, values = self._project_qkv(x)
+        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
 
         past = 0
         if cache is not None:
@@ -127,6 +141,19 @@ class MultiHeadAttention(nn.Module):
         # (b, heads, t, head_dim) -> (b, t, heads, head_dim) -> (b, t, d_out)
         context = context.transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
         return self.out_proj(context)
+
+    def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Queries, keys and values of x, each (b, t, d_out): one matmul when the kernels are fused.
+
+        Fused only while the three projections are plain Linears (LoRA, for
+        one, replaces them with its own modules).
+        """
+        projections = (self.W_query, self.W_key, self.W_value)
+        if self.kernels != "fused" or any(type(p) is not nn.Linear for p in projections):
+            return tuple(p(x) for p in projections)
+        weight = torch.cat([p.weight for p in projections])  # (3 * d_out, d_in)
+        bias = None if self.W_query.bias is None else torch.cat([p.bias for p in projections])
+        return F.linear(x, weight, bias).split(self.d_out, dim=-1)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
         dropout_p = self.dropout.p if self.training else 0.0
@@ -161,10 +188,11 @@ class TransformerBlock(nn.Module):
             dropout=cfg.drop_rate,
             qkv_bias=cfg.qkv_bias,
             attention=cfg.attention,
+            kernels=cfg.kernels,
         )
         self.ff = FeedForward(cfg)
-        self.norm1 = LayerNorm(cfg.emb_dim)
-        self.norm2 = LayerNorm(cfg.emb_dim)
+        self.norm1 = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
+        self.norm2 = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
     def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
@@ -186,7 +214,7 @@ class GPTModel(nn.Module):
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
         self.drop_emb = nn.Dropout(cfg.drop_rate)
         self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.final_norm = LayerNorm(cfg.emb_dim)
+        self.final_norm = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
         if cfg.num_classes is None:
             self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
         else:
@@ -194,6 +222,10 @@ class GPTModel(nn.Module):
 
     def forward(self, in_idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits (b, t, vocab or classes) for ids (b, t); with a cache, t new tokens after the cached ones."""
+        return self.out_head(self.hidden_states(in_idx, cache))
+
+    def hidden_states(self, in_idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """What the output head reads (b, t, emb): the normalised output of the last block."""
         _, seq_len = in_idx.shape
         past = 0 if cache is None else cache.length
         assert past + seq_len <= self.cfg.context_length, (
@@ -204,5 +236,4 @@ class GPTModel(nn.Module):
         x = self.drop_emb(tok_embeds + pos_embeds)
         for i, block in enumerate(self.trf_blocks):
             x = block(x, None if cache is None else cache.layers[i])
-        x = self.final_norm(x)
-        return self.out_head(x)  # (b, t, vocab or num_classes)
+        return self.final_norm(x)

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from gptlab import distributed
 from gptlab.errors import InputError
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "auto"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -35,9 +35,36 @@ def resolve_device(name: str) -> torch.device:
     return distributed.local_device(torch.device(name))
 
 
+def bf16_is_fast(device: torch.device) -> bool:
+    """Whether bf16 matmuls beat fp32 here: a CUDA GPU with bf16, or a CPU with AMX or AVX-512 BF16.
+
+    Elsewhere (an AVX2-only CPU, for one) bf16 is emulated and several times slower (see FACTS).
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    return False
+
+
+def resolve_precision(device: torch.device, precision: Precision) -> Literal["fp32", "bf16"]:
+    """What `train.precision` means on `device`: auto is bf16 where bf16 is fast, fp32 elsewhere."""
+    if precision == "auto":
+        return "bf16" if bf16_is_fast(device) else "fp32"
+    return precision
+
+
+def use_precision(device: torch.device, precision: Precision) -> Literal["fp32", "bf16"]:
+    """Resolve `precision` for a run; under auto on CUDA, fp32 matmuls left outside autocast use TF32."""
+    if precision == "auto" and device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # also sets torch.backends.cuda.matmul.allow_tf32
+    return resolve_precision(device, precision)
+
+
 def autocast(device: torch.device, precision: Precision) -> torch.autocast:
     """The autocast context for `precision`: bf16 mixed precision, or a no-op for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    enabled = resolve_precision(device, precision) == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

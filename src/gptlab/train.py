@@ -45,7 +45,7 @@ from gptlab.config import TrainConfig
 from gptlab.errors import InputError
 from gptlab.losses import LossFn, average_loss
 from gptlab.model import GPTModel
-from gptlab.runtime import autocast, ordered_loader, resolve_device, to_device
+from gptlab.runtime import autocast, ordered_loader, resolve_device, to_device, use_precision
 from gptlab.tracking import NULL_RUN, StageRun
 from gptlab.train_state import Checkpointer, Progress, forked_rng, rng_state, seed_everything, set_rng_state
 
@@ -113,6 +113,11 @@ def fit(
     world = distributed.setup()
     main = world.rank == 0
     device = resolve_device(cfg.device)
+    precision = use_precision(device, cfg.precision)
+    if cfg.precision == "auto":
+        tracker.set_tags({"gptlab.precision": precision})
+        if main:
+            print(f"train.precision: auto resolved to {precision} on {device.type}", file=sys.stderr)
     model.to(device)
     # Only the training step runs through DDP (it averages gradients); evaluation,
     # checkpoints and callbacks use the plain model, whose weights DDP keeps identical.
@@ -136,6 +141,8 @@ def fit(
     if not trainable:
         raise InputError("the model has no parameters with requires_grad=True: nothing to train")
     optimizer = _adamw(trainable, cfg)
+    # Only the training step is compiled: evaluation (eval mode, other shapes) would recompile.
+    step_loss = torch.compile(loss_fn) if cfg.compile else loss_fn
 
     def eval_loss(m: nn.Module, loader: Any, num_batches: int | None) -> float:
         was_training = m.training
@@ -208,7 +215,7 @@ def fit(
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             with autocast(device, cfg.precision):
-                loss = loss_fn(ddp_model, to_device(batch, device))
+                loss = step_loss(ddp_model, to_device(batch, device))
             value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
             if not math.isfinite(value):
                 newest = checkpointer.newest()

@@ -1,0 +1,100 @@
+"""The output head and cross entropy fused, a chunk of tokens at a time (`train.loss_kernel: chunked`).
+
+The book computes all logits (tokens x 50,257) and hands them to cross
+entropy, whose backward pass builds a gradient just as large. Here each chunk
+of tokens gets its logits, their log-sum-exp, its share of the loss and at
+once its gradients with respect to the hidden states and the head's weight,
+so neither the full logits nor their gradient ever exist. Same maths as
+`F.cross_entropy(hidden @ weight.T, targets, ignore_index=-100)`, summed in
+another order (equal to ~1e-6).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.losses import IGNORE_INDEX, LossFn, next_token_loss
+from gptlab.model import GPTModel
+
+# Tokens per chunk: 256 x 50,257 fp32 logits are ~51 MB, small enough to stay in cache-friendly pieces.
+CHUNK_TOKENS = 256
+
+
+def language_model_loss(kernel: str) -> LossFn:
+    """The next-token loss that `train.loss_kernel` names: book or chunked."""
+    return chunked_next_token_loss if kernel == "chunked" else next_token_loss
+
+
+def chunked_next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """`next_token_loss` without materialising the logits; falls back to it where the head is not plain.
+
+    The fallback covers classifier heads, LoRA-wrapped heads and models wrapped
+    by DistributedDataParallel (whose gradient hooks need its own forward).
+    """
+    if (
+        not isinstance(model, GPTModel)
+        or type(model.out_head) is not nn.Linear
+        or model.out_head.bias is not None
+    ):
+        return next_token_loss(model, batch)
+    inputs, targets = batch
+    hidden = model.hidden_states(inputs).flatten(0, 1)  # (b * t, emb)
+    return linear_cross_entropy(hidden, model.out_head.weight, targets.flatten())
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy of logits `hidden @ weight.T` (n, vocab) against `targets` (n,), -100 skipped."""
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        with torch.no_grad():
+            return _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, want_grads=False)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and both gradients chunk by chunk; backward only scales them."""
+
+    @staticmethod
+    def loss_and_grads(
+        hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, want_grads: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        kept = targets != IGNORE_INDEX
+        count = kept.sum()
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if want_grads else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grads else None
+        for start in range(0, hidden.shape[0], CHUNK_TOKENS):
+            rows = slice(start, start + CHUNK_TOKENS)
+            h, t, keep = hidden[rows], targets[rows], kept[rows]
+            logits = F.linear(h, weight).float()  # (chunk, vocab); fp32 for the softmax under autocast
+            lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
+            safe_t = torch.where(keep, t, 0)
+            target_logit = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1)
+            total += ((lse - target_logit) * keep).sum()
+            if want_grads:
+                # d loss_sum / d logits = softmax - one_hot(target), zero on skipped rows.
+                probs = logits.sub_(lse.unsqueeze(1)).exp_()
+                probs.scatter_add_(1, safe_t.unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
+                probs.mul_(keep.unsqueeze(1))
+                grad_hidden[rows] = probs @ weight  # type: ignore[index]  # bf16 matmul under autocast
+                if torch.is_autocast_enabled(hidden.device.type):
+                    grad_weight += probs.t() @ h  # type: ignore[operator]
+                else:
+                    grad_weight.addmm_(probs.t(), h)  # type: ignore[union-attr]  # no (vocab, emb) temporary
+        denominator = count.clamp(min=1).float()
+        loss = torch.where(count > 0, total / denominator, torch.nan)  # as F.cross_entropy: nan for none kept
+        if not want_grads:
+            return loss, None, None
+        return loss, grad_hidden / denominator, (grad_weight / denominator).to(weight.dtype)  # type: ignore[operator]
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets):  # type: ignore[no-untyped-def, override]
+        loss, grad_hidden, grad_weight = _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, True)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[no-untyped-def, override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None

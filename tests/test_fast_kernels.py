@@ -1,0 +1,147 @@
+"""The fast profile's kernels against the book's: fused model kernels, the chunked loss, precision auto."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.architecture import ModelConfig
+from gptlab.chunked_loss import (
+    CHUNK_TOKENS,
+    chunked_next_token_loss,
+    language_model_loss,
+    linear_cross_entropy,
+)
+from gptlab.generate import generate
+from gptlab.losses import IGNORE_INDEX, next_token_loss
+from gptlab.model import GPTModel
+from gptlab.runtime import bf16_is_fast, resolve_precision
+from tests.test_train import TRAIN, run_fit
+
+SMALL = ModelConfig(vocab_size=503, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
+
+
+def twin_models(**overrides: object) -> tuple[GPTModel, GPTModel]:
+    """The same weights under the book's kernels and the fused ones."""
+    torch.manual_seed(123)
+    book = GPTModel(dataclasses.replace(SMALL, **overrides)).eval()
+    fused = GPTModel(dataclasses.replace(book.cfg, kernels="fused")).eval()
+    fused.load_state_dict(book.state_dict())
+    return book, fused
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_fused_kernels_give_the_books_logits_and_greedy_tokens(qkv_bias: bool) -> None:
+    book, fused = twin_models(qkv_bias=qkv_bias)
+    assert list(book.state_dict()) == list(fused.state_dict())  # same names: checkpoints and HF conversion
+    ids = torch.randint(0, SMALL.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids), book(ids), atol=1e-5, rtol=0)
+    prompt = ids[:1, :5]
+    assert torch.equal(generate(fused, prompt, 20), generate(book, prompt, 20))
+
+
+def test_fused_kernels_train_to_the_books_gradients() -> None:
+    book, fused = twin_models()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
+    batch = (ids[:, :-1], ids[:, 1:])
+    for model in (book, fused):
+        next_token_loss(model.train(), batch).backward()
+    for (name, p_book), p_fused in zip(book.named_parameters(), fused.parameters(), strict=True):
+        torch.testing.assert_close(p_fused.grad, p_book.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+class Scaled(nn.Module):
+    """A stand-in for a LoRA wrapper: it replaces a Linear and changes what the projection computes."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.linear(x)
+
+
+def test_wrapped_projections_are_not_fused_away() -> None:
+    book, fused = twin_models()
+    for model in (book, fused):
+        model.trf_blocks[0].att.W_key = Scaled(model.trf_blocks[0].att.W_key)
+    ids = torch.randint(0, SMALL.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids), book(ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [7, CHUNK_TOKENS + 37])
+def test_chunked_loss_equals_cross_entropy_with_ignored_rows(rows: int) -> None:
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(rows, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(211, 16, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 211, (rows,), generator=generator)
+    targets[::3] = IGNORE_INDEX
+    (2 * linear_cross_entropy(hidden, weight, targets)).backward()  # grad_output 2 is passed through
+    chunked = (hidden.grad, weight.grad)
+    hidden.grad = weight.grad = None
+    reference = F.cross_entropy(hidden @ weight.T, targets, ignore_index=IGNORE_INDEX)
+    (2 * reference).backward()
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), reference)
+    torch.testing.assert_close(chunked[0], hidden.grad)
+    torch.testing.assert_close(chunked[1], weight.grad)
+
+
+def test_chunked_loss_of_only_ignored_targets_is_nan_like_cross_entropy() -> None:
+    hidden, weight = torch.randn(4, 8), torch.randn(10, 8)
+    targets = torch.full((4,), IGNORE_INDEX)
+    assert torch.isnan(linear_cross_entropy(hidden, weight, targets))
+    assert torch.isnan(F.cross_entropy(hidden @ weight.T, targets, ignore_index=IGNORE_INDEX))
+
+
+def test_chunked_next_token_loss_on_the_model_and_its_fallback() -> None:
+    assert language_model_loss("book") is next_token_loss
+    assert language_model_loss("chunked") is chunked_next_token_loss
+    book, _ = twin_models()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 33), generator=torch.Generator().manual_seed(4))
+    batch = (ids[:, :-1], ids[:, 1:])
+    chunked = chunked_next_token_loss(book, batch)
+    reference = next_token_loss(book, batch)
+    torch.testing.assert_close(chunked, reference)
+    torch.manual_seed(0)
+    classifier = GPTModel(dataclasses.replace(SMALL, num_classes=3)).eval()
+    labels = torch.randint(0, 3, (2, 32), generator=torch.Generator().manual_seed(5))
+    # A classifier head falls back to the plain loss instead of failing.
+    assert torch.equal(
+        chunked_next_token_loss(classifier, (ids[:, :-1], labels)),
+        next_token_loss(classifier, (ids[:, :-1], labels)),
+    )
+
+
+def test_precision_auto_resolves_by_hardware() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_precision(cpu, "fp32") == "fp32" and resolve_precision(cpu, "bf16") == "bf16"
+    has_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    assert bf16_is_fast(cpu) == has_bf16
+    assert resolve_precision(cpu, "auto") == ("bf16" if has_bf16 else "fp32")
+
+
+def test_fit_with_the_fast_settings_trains(tmp_path: Path) -> None:
+    """precision auto and the chunked loss run through the real training loop, resumable as ever."""
+    cfg = dataclasses.replace(TRAIN, precision="auto", loss_kernel="chunked", max_steps=4)
+    _, result = run_fit(tmp_path, cfg, loss_fn=chunked_next_token_loss)
+    assert result.steps == 4
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+@pytest.mark.slow
+def test_fit_compiled_matches_the_eager_run(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(TRAIN, max_steps=3)
+    _, eager = run_fit(tmp_path / "eager", cfg)
+    _, compiled = run_fit(tmp_path / "compiled", dataclasses.replace(cfg, compile=True))
+    # Compiled dropout draws its own masks, so the runs agree closely but not exactly.
+    for a, b in zip(eager.history, compiled.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=0.1)
+    assert compiled.history[-1]["train_loss"] < compiled.history[0]["train_loss"]
