@@ -36,15 +36,23 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 def load_overrides(profile: Path, params_file: Path) -> dict[str, Any]:
     """The profile's overrides as {dotted.key: value}, checked against the full params schema."""
+    return flatten(_checked_overrides(profile, params_file)[0])
+
+
+def profile_params(profile: Path, params_file: Path) -> Params:
+    """The params a run of the profile reads: params.yaml with the profile's overrides applied."""
+    return _checked_overrides(profile, params_file)[1]
+
+
+def _checked_overrides(profile: Path, params_file: Path) -> tuple[dict[str, Any], Params]:
     overrides = yaml.safe_load(profile.read_text(encoding="utf-8")) or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{profile}: expected a mapping of overrides laid out like params.yaml")
     params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
     try:
-        build(Params, _merge(params, overrides), "")
+        return overrides, build(Params, _merge(params, overrides), "")
     except ConfigError as exc:
         raise ConfigError(f"{profile}: {exc}") from None
-    return flatten(overrides)
 
 
 def set_arguments(overrides: dict[str, Any]) -> list[str]:

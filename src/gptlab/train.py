@@ -140,7 +140,7 @@ def fit(
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise InputError("the model has no parameters with requires_grad=True: nothing to train")
-    optimizer = _adamw(trainable, cfg)
+    optimizer = make_adamw(trainable, cfg)
     # Only the training step is compiled: evaluation (eval mode, other shapes) would recompile.
     step_loss = torch.compile(loss_fn) if cfg.compile else loss_fn
 
@@ -360,7 +360,7 @@ def rank_order(order: list[int], batch_size: int, world: distributed.World) -> l
     return [i for b in batches for i in order[b * batch_size : (b + 1) * batch_size]]
 
 
-def _adamw(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
+def make_adamw(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW over all trainable parameters, as the book: weight decay on every one."""
     if cfg.fused_adamw:
         try:
