@@ -81,8 +81,10 @@ def run(params: Params) -> None:
         instruction_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
     )
     # Resumable state is keyed by what determines training only: a crash while answering or
-    # judging resumes after training, even if judge settings or max_new_tokens were changed.
-    training = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens")}
+    # judging resumes after training, even if judge settings or the generation settings were changed.
+    training = {
+        k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens", "generate")
+    }
     inputs = [base_dir, *(split_path(processed_dir, split) for split in SPLITS)]
     with (
         stage_run(
@@ -175,7 +177,13 @@ def _answer_and_score(
         for split in ("val", "test")
     }
     with autocast(device, cfg.train.precision):
-        responses = generate_responses(model, tokenizer, test_records, max_new_tokens=cfg.max_new_tokens)
+        responses = generate_responses(
+            model,
+            tokenizer,
+            test_records,
+            max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.generate.batch_size,
+        )
     rouge = rouge_l([r["output"] for r in responses], [r["model_response"] for r in responses])
     for record, score in zip(responses, rouge, strict=True):
         record["rougeL_f1"] = score

@@ -83,3 +83,12 @@ def test_rouge_l() -> None:
     assert stemmed == pytest.approx(1.0)  # cats/mats stem to cat/mat
     with pytest.raises(ValueError):
         rouge_l([reference], [])
+
+
+def test_batched_answers_equal_one_by_one(tokenizer) -> None:
+    torch.manual_seed(1)
+    model = GPTModel(ModelConfig(context_length=96, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)).eval()
+    records = [ENTRY, ENTRY_WITH_INPUT, {**ENTRY, "instruction": "Say something."}, ENTRY_WITH_INPUT]
+    one_by_one = generate_responses(model, tokenizer, records, max_new_tokens=12)
+    assert len({r["model_response"] for r in one_by_one}) > 1  # the prompts get different answers
+    assert generate_responses(model, tokenizer, records, max_new_tokens=12, batch_size=3) == one_by_one

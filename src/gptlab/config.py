@@ -368,12 +368,23 @@ class JudgeConfig:
 
 
 @dataclass(frozen=True)
+class AnswerGeneration:
+    """How the test answers are generated: `batch_size` records at once (1: one by one, as the book)."""
+
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
 class InstructConfig:
     base_model: str
     drop_rate: float
     allowed_max_length: int
     mask_prompt: bool
     max_new_tokens: int
+    generate: AnswerGeneration
     train: TrainConfig
     judge: JudgeConfig
 

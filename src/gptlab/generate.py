@@ -10,6 +10,8 @@ No progress bars: callers generate short continuations inside their own loops.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tiktoken
 import torch
 
@@ -19,7 +21,7 @@ from gptlab.model import GPTModel, KVCache
 from gptlab.tokenizer import text_to_token_ids, token_ids_to_text
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model: GPTModel,
     idx: torch.Tensor,
@@ -30,6 +32,7 @@ def generate(
     top_p: float | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    pad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Continue the (b, t) token ids `idx` by up to `max_new_tokens`; returns (b, t + n) ids.
 
@@ -39,26 +42,42 @@ def generate(
     `eos_id`. Inputs longer than the context length are cropped to their last
     `context_length` tokens for each prediction. The model runs in eval mode
     (no dropout) and is put back in its previous mode afterwards.
+
+    With the cache, each new token costs one forward of that token over the
+    cached keys, until the context is full. From then on every position shifts
+    with each new token (GPT-2's positions are absolute), so the cache is
+    rebuilt from the cropped window: one forward of `context_length` tokens per
+    token, exactly what the uncached loop computes, so the output is the same.
+
+    `pad` (b,) generates a batch of prompts of different lengths at once: row i
+    starts with `pad[i]` padding tokens (any ids) before its prompt, which the
+    model ignores; prompt and answer must then fit the context (no sliding).
     """
     _check_arguments(model, idx, max_new_tokens, temperature, top_k, top_p)
     context_length = model.cfg.context_length
+    if pad is not None and (not use_cache or idx.shape[1] + max_new_tokens > context_length):
+        raise InputError(
+            f"padded rows need the cache and must fit the context: {idx.shape[1]} + {max_new_tokens} "
+            f"tokens > {context_length}"
+        )
     idx = idx.to(next(model.parameters()).device)
     finished = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    cache: KVCache | None = None
+    cache = KVCache(model.cfg.n_layers, context_length, pad)
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits = model(idx[:, -context_length:])[:, -1, :]  # (b, vocab)
-            elif cache is None or cache.length + 1 > context_length:
+                hidden = model.hidden_states(idx[:, -context_length:])
+            elif cache.length == 0 or cache.length + 1 > context_length:
                 # Prefill; or, once the window slides, every position shifts and the
                 # cached keys and values are stale: rebuild them from the cropped
                 # window, exactly what the uncached path computes.
-                cache = KVCache(model.cfg.n_layers)
-                logits = model(idx[:, -context_length:], cache)[:, -1, :]
+                cache.reset()
+                hidden = model.hidden_states(idx[:, -context_length:], cache)
             else:
-                logits = model(idx[:, -1:], cache)[:, -1, :]  # only the newest token; the rest is cached
+                hidden = model.hidden_states(idx[:, -1:], cache)  # only the newest token; the rest is cached
+            logits = model.out_head(hidden[:, -1])  # (b, vocab): the prompt's other positions need none
             idx_next = _pick(logits, temperature, top_k, top_p)  # (b, 1)
             if eos_id is not None:
                 idx_next = idx_next.masked_fill(finished.unsqueeze(1), eos_id)
@@ -69,6 +88,24 @@ def generate(
     finally:
         model.train(was_training)
     return idx
+
+
+def generate_each(
+    model: GPTModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int
+) -> list[list[int]]:
+    """Greedy continuations of several prompts at once, each as `generate` alone would give it.
+
+    The prompts are padded on the left into one batch; a row that reaches
+    `eos_id` stops there (the batch runs on until every row has), and each
+    continuation comes back without its prompt, its end-of-text or padding.
+    """
+    longest = max(len(prompt) for prompt in prompts)
+    pad = torch.tensor([longest - len(prompt) for prompt in prompts])
+    idx = torch.tensor(
+        [[eos_id] * (longest - len(prompt)) + list(prompt) for prompt in prompts]
+    )  # (b, longest)
+    out = generate(model, idx, max_new_tokens, eos_id=eos_id, pad=pad)[:, longest:].tolist()  # (b, n)
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in out]
 
 
 def generate_text(

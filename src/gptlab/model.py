@@ -66,34 +66,78 @@ class FeedForward(nn.Module):
 
 
 class LayerKVCache:
-    """Keys and values one attention layer has seen, so decoding reuses them."""
+    """Keys and values one attention layer has seen, so decoding reuses them.
 
-    def __init__(self) -> None:
+    The buffers (b, heads, max_length, head_dim) are allocated once, with the
+    first keys' dtype and device; each step writes its new positions in place
+    and attention reads the filled prefix as a view: no copy per token.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self.length = 0
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        self.allowed: torch.Tensor | None = None  # this step's attention mask, set by KVCache.start
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (b, heads, t, head_dim) new keys and values; return all of them so far (views)."""
         if self.keys is None or self.values is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=2)  # (b, heads, t_past + t, head_dim)
-            self.values = torch.cat([self.values, values], dim=2)
-        return self.keys, self.values
+            b, heads, _, head_dim = keys.shape
+            self.keys = keys.new_empty(b, heads, self.max_length, head_dim)
+            self.values = values.new_empty(b, heads, self.max_length, head_dim)
+        end = self.length + keys.shape[2]
+        assert end <= self.max_length, f"{end} positions exceed the cache's {self.max_length}"
+        self.keys[:, :, self.length : end] = keys
+        self.values[:, :, self.length : end] = values
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]  # (b, heads, past + t, head_dim)
 
 
 class KVCache:
-    """One LayerKVCache per transformer block."""
+    """One LayerKVCache per transformer block, and the left padding of each row, if any.
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerKVCache() for _ in range(n_layers)]
+    `pad` (b,) counts the padding tokens at the start of each row of a batch of
+    prompts of different lengths: each row's first real token gets position 0
+    (GPT-2's positions are absolute) and no query attends to a padding key.
+    """
+
+    def __init__(self, n_layers: int, max_length: int, pad: torch.Tensor | None = None) -> None:
+        self.layers = [LayerKVCache(max_length) for _ in range(n_layers)]
+        self.pad = pad
 
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def reset(self) -> None:
+        """Forget every position, keeping the buffers."""
+        for layer in self.layers:
+            layer.length = 0
+
+    def start(self, num_new: int, device: torch.device) -> torch.Tensor:
+        """Positions (t,) or, with padding, (b, t) of `num_new` tokens; sets the layers' attention mask.
+
+        The mask is None where plain causal attention is right: a prefill, or a
+        single new query, which may see every cached key.
+        """
+        past = self.length
+        positions = torch.arange(past, past + num_new, device=device)
+        allowed = None
+        if self.pad is not None:
+            pad = self.pad.to(device).unsqueeze(1)  # (b, 1)
+            key_pos = torch.arange(past + num_new, device=device)
+            # A padding query sees only itself (a finite softmax); real queries never see padding.
+            allowed = (key_pos >= pad).unsqueeze(1) | (key_pos == positions.unsqueeze(1))  # (b, t, past + t)
+            if num_new > 1:
+                allowed &= ~_future_mask(num_new, past + num_new, past, device)
+            allowed = allowed.unsqueeze(1)  # (b, 1, t, past + t): the same for every head
+            positions = (positions - pad).clamp(min=0)  # (b, t)
+        elif past > 0 and num_new > 1:
+            allowed = ~_future_mask(num_new, past + num_new, past, device)
+        for layer in self.layers:
+            layer.allowed = allowed
+        return positions
 
 
 class MultiHeadAttention(nn.Module):
@@ -128,15 +172,15 @@ class MultiHeadAttention(nn.Module):
         keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
 
-        past = 0
+        allowed = None  # None: causal over the keys, queries last
         if cache is not None:
-            past = cache.length
             keys, values = cache.append(keys, values)  # (b, heads, past + t, head_dim)
+            allowed = cache.allowed
 
         if self.attention == "sdpa":
-            context = self._sdpa(queries, keys, values, past)
+            context = self._sdpa(queries, keys, values, allowed)
         else:
-            context = self._masked_softmax(queries, keys, values, past)
+            context = self._masked_softmax(queries, keys, values, allowed)
 
         # (b, heads, t, head_dim) -> (b, t, heads, head_dim) -> (b, t, d_out)
         context = context.transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
@@ -155,17 +199,23 @@ class MultiHeadAttention(nn.Module):
         bias = None if self.W_query.bias is None else torch.cat([p.bias for p in projections])
         return F.linear(x, weight, bias).split(self.d_out, dim=-1)
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+    def _sdpa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
         dropout_p = self.dropout.p if self.training else 0.0
-        if past == 0:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        # With a cache the queries sit at positions past..past+t-1 of the keys.
-        allowed = ~_future_mask(q.shape[2], k.shape[2], past, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        if allowed is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        # One query (a decoding step) sees every key: no mask at all.
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
 
-    def _masked_softmax(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+    def _masked_softmax(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
         attn_scores = q @ k.transpose(2, 3)  # (b, heads, t, past + t)
-        attn_scores.masked_fill_(_future_mask(q.shape[2], k.shape[2], past, q.device), -torch.inf)
+        if allowed is not None:
+            attn_scores.masked_fill_(~allowed, -torch.inf)
+        elif q.shape[2] > 1:
+            attn_scores.masked_fill_(_future_mask(q.shape[2], k.shape[2], 0, q.device), -torch.inf)
         attn_weights = torch.softmax(attn_scores / k.shape[-1] ** 0.5, dim=-1)
         attn_weights = self.dropout(attn_weights)
         return attn_weights @ v  # (b, heads, t, head_dim)
@@ -231,8 +281,12 @@ class GPTModel(nn.Module):
         assert past + seq_len <= self.cfg.context_length, (
             f"{past + seq_len} positions exceed the context length {self.cfg.context_length}"
         )
+        if cache is None:
+            positions = torch.arange(seq_len, device=in_idx.device)
+        else:
+            positions = cache.start(seq_len, in_idx.device)  # (t,), or (b, t) for left-padded rows
         tok_embeds = self.tok_emb(in_idx)  # (b, t, emb)
-        pos_embeds = self.pos_emb(torch.arange(past, past + seq_len, device=in_idx.device))  # (t, emb)
+        pos_embeds = self.pos_emb(positions)  # (t, emb) or (b, t, emb)
         x = self.drop_emb(tok_embeds + pos_embeds)
         for i, block in enumerate(self.trf_blocks):
             x = block(x, None if cache is None else cache.layers[i])

@@ -16,12 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import tiktoken
+import torch
 from rouge_score import rouge_scorer
 from tqdm import tqdm
 
 from gptlab.datasets.instruct import RESPONSE_HEADER, format_input
 from gptlab.errors import InputError
-from gptlab.generate import generate
+from gptlab.generate import generate, generate_each
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT, END_OF_TEXT_ID, text_to_token_ids, token_ids_to_text
 
@@ -116,17 +117,46 @@ def generate_responses(
     records: Iterable[Mapping[str, str]],
     *,
     max_new_tokens: int,
+    batch_size: int = 1,
 ) -> list[dict[str, str]]:
-    """Each record (instruction, input, output) with the model's answer added as `model_response`."""
+    """Each record (instruction, input, output) with the model's answer added as `model_response`.
+
+    batch_size 1 answers one record at a time, as the book does. More answers
+    records of similar prompt lengths together (`generate_each`): the same
+    greedy answers up to float rounding, which batching may change.
+    """
     records = list(records)
+    prompts = [text_to_token_ids(format_input(record), tokenizer)[0].tolist() for record in records]
+    answers: list[str] = [""] * len(records)
+    by_length = sorted(range(len(records)), key=lambda i: len(prompts[i]))  # little padding per batch
+    with tqdm(total=len(records), desc="answering", unit="record") as progress:
+        for start in range(0, len(records), batch_size):
+            batch = by_length[start : start + batch_size]
+            for i, answer in zip(
+                batch, _answer_batch(model, [prompts[i] for i in batch], max_new_tokens), strict=True
+            ):
+                answers[i] = extract_response(tokenizer.decode(prompts[i] + answer), format_input(records[i]))
+            progress.update(len(batch))
     return [
         {
             "instruction": record["instruction"],
             "input": record["input"],
             "output": record["output"],
-            "model_response": generate_response(model, tokenizer, record, max_new_tokens=max_new_tokens),
+            "model_response": answer,
         }
-        for record in tqdm(records, desc="answering", unit="record")
+        for record, answer in zip(records, answers, strict=True)
+    ]
+
+
+def _answer_batch(model: GPTModel, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The greedy answer ids of each prompt; one at a time where the window would slide (exact cropping)."""
+    if len(prompts) > 1 and max(map(len, prompts)) + max_new_tokens <= model.cfg.context_length:
+        return generate_each(model, prompts, max_new_tokens, eos_id=END_OF_TEXT_ID)
+    return [
+        generate(model, torch.tensor([prompt]), max_new_tokens, eos_id=END_OF_TEXT_ID)[
+            0, len(prompt) :
+        ].tolist()
+        for prompt in prompts
     ]
 
 

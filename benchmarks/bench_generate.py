@@ -1,0 +1,129 @@
+"""Greedy generation speed: our KV cache against transformers' `generate` and the book's uncached loop.
+
+One GPT-2 small model (context 1024, random weights, the head tied to the
+token embedding as GPT-2's) continues a short prompt by 100 and by 900 new
+tokens, greedily, in three ways:
+
+- ours: `gptlab.generate.generate` with the KV cache (sdpa attention);
+- transformers: `GPT2LMHeadModel.generate(do_sample=False, use_cache=True)` on
+  the same weights (converted by gptlab.hf_gpt2), never stopping at end-of-text;
+- the book: chapter 5's `generate_text_simple`, which reruns the whole sequence
+  for every token (at 100 new tokens only: it is slow).
+
+Rounds are interleaved (every variant once per round), so a busy machine
+slows all of them alike; the table gives the median tokens/s of each and its
+ratio to transformers, and says whether our tokens equal transformers'.
+
+    python benchmarks/bench_generate.py               # the real measurement (~2 minutes on 2 cores)
+    python benchmarks/bench_generate.py --tiny        # a seconds-long smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gptlab.architecture import ModelConfig
+from gptlab.generate import generate
+from gptlab.hf_gpt2 import gptlab_to_hf, hf_config
+from gptlab.model import GPTModel
+
+PROMPT = [6109, 3626, 6100, 345]  # "Every effort moves you"
+
+
+def book_generate(model: GPTModel, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """The book's `generate_text_simple`: the whole (cropped) sequence through the model per token."""
+    context_size = model.cfg.context_length
+    for _ in range(max_new_tokens):
+        idx_cond = idx[:, -context_size:]
+        with torch.no_grad():
+            logits = model(idx_cond)
+        logits = logits[:, -1, :]
+        idx_next = torch.argmax(logits, dim=-1, keepdim=True)
+        idx = torch.cat((idx, idx_next), dim=1)
+    return idx
+
+
+def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
+    """Ours and transformers' GPT-2 holding the same random weights (a tied head, as GPT-2's)."""
+    torch.manual_seed(123)
+    ours = GPTModel(cfg).eval()
+    with torch.no_grad():
+        ours.out_head.weight.copy_(ours.tok_emb.weight)
+    theirs = GPT2LMHeadModel(GPT2Config(**hf_config(cfg)))
+    theirs.load_state_dict(gptlab_to_hf(ours, tie_head=True), strict=False)  # the tied lm_head is implied
+    theirs.generation_config.eos_token_id = None  # random weights: never stop early
+    theirs.generation_config.pad_token_id = None
+    return ours, theirs.eval()
+
+
+def variants(
+    ours: GPTModel, theirs: GPT2LMHeadModel
+) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    return {
+        "ours (KV cache)": lambda idx, n: generate(ours, idx, n),
+        "transformers generate": lambda idx, n: theirs.generate(
+            idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, do_sample=False, use_cache=True
+        ),
+        "book (no cache)": lambda idx, n: book_generate(ours, idx, n),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds (default: %(default)s)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="new tokens (default: 100 900)")
+    parser.add_argument(
+        "--book-max", type=int, default=100, help="the book's loop runs up to this many tokens"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="a 2-layer, 64-dim model, context 64, 1,000 ids: a smoke run"
+    )
+    args = parser.parse_args()
+    lengths = args.lengths or ([8, 40] if args.tiny else [100, 900])
+    dims = (
+        {"emb_dim": 64, "n_layers": 2, "n_heads": 2, "context_length": 64, "vocab_size": 1000}
+        if args.tiny
+        else {}
+    )
+    cfg = ModelConfig.from_preset("gpt2-small", drop_rate=0.0, qkv_bias=True, attention="sdpa", **dims)
+    ours, theirs = build_models(cfg)
+    runs = variants(ours, theirs)
+    idx = torch.tensor([PROMPT]) % cfg.vocab_size  # (1, 4); --tiny has a small vocabulary
+    print(
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; emb {cfg.emb_dim} x {cfg.n_layers} "
+        f"layers, context {cfg.context_length}; prompt {len(PROMPT)} tokens, greedy; median of {args.rounds} rounds"
+    )
+    plan = [(name, n) for n in lengths for name in runs if not name.startswith("book") or n <= args.book_max]
+    for name, n in plan:  # warm-up, and the tokens to compare
+        runs[name](idx, min(n, 4))
+    seconds: dict[tuple[str, int], list[float]] = {key: [] for key in plan}
+    tokens: dict[tuple[str, int], list[int]] = {}
+    for _ in range(args.rounds):
+        for name, n in plan:
+            start = time.perf_counter()
+            out = runs[name](idx, n)
+            seconds[name, n].append(time.perf_counter() - start)
+            tokens[name, n] = out[0, len(PROMPT) :].tolist()
+            assert len(tokens[name, n]) == n, f"{name} made {len(tokens[name, n])} of {n} tokens"
+    print(
+        f"{'variant':<24} {'new tokens':>10} {'s':>8} {'tokens/s':>9} {'vs transformers':>16} {'same tokens':>12}"
+    )
+    for name, n in plan:
+        median = statistics.median(seconds[name, n])
+        reference = statistics.median(seconds["transformers generate", n])
+        same = tokens[name, n] == tokens["transformers generate", n]
+        print(
+            f"{name:<24} {n:>10} {median:>8.2f} {n / median:>9.1f} {reference / median:>15.2f}x {str(same):>12}"
+        )
+
+
+if __name__ == "__main__":
+    main()
