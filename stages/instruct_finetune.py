@@ -169,7 +169,7 @@ def _answer_and_score(
             dataset_loss(
                 model,
                 datasets[split],
-                cfg.train.batch_size,
+                cfg.train.eval_batch_size or cfg.train.batch_size,
                 precision=cfg.train.precision,
                 collate_fn=collate,
             )

@@ -12,6 +12,7 @@ Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and w
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
+from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.train import fit
@@ -46,6 +48,7 @@ LOSS_COLUMNS = ["step", "tokens_seen", "train_loss", "val_loss"]
 
 
 def run(params: Params) -> None:
+    clock = LapClock()
     cfg = params.pretrain
     processed_dir = Path(params.data.processed_dir)
     raw_dir = Path(params.data.raw_dir)
@@ -78,7 +81,9 @@ def run(params: Params) -> None:
         torch.manual_seed(cfg.train.seed)
         model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data['train'])} windows")
+        clock.lap("setup")
         initial = split_losses(model, data, cfg.train)
+        clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
         tracker.log_metrics({f"initial_{name}": value for name, value in initial.items()}, step=0)
 
@@ -97,9 +102,11 @@ def run(params: Params) -> None:
             tracker=tracker,
             on_epoch_end=on_epoch_end,
         )
+        clock.lap("training")
         if not is_main():  # another torchrun process: rank 0 writes the outputs
             return
         final = split_losses(model, data, cfg.train)
+        clock.lap("final_losses")
         metrics: dict[str, Any] = {
             **{f"initial_{name}": value for name, value in initial.items()},
             **{f"final_{name}": value for name, value in final.items()},
@@ -141,13 +148,19 @@ def run(params: Params) -> None:
         tracker.log_text(samples, "pretrain/samples.txt")
         tracker.log_reports(REPORT_DIR, "pretrain/reports", skip=("loss.png",))
         tracker.log_model("pretrain", PRETRAIN_MODEL, params)
+        clock.lap("outputs_and_logging")
+        timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}
+        tracker.log_metrics(timings, step=result.global_step)
+        print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
 def split_losses(model: nn.Module, data: dict[str, Dataset], cfg: TrainConfig) -> dict[str, float]:
     """Mean loss over every window of each split, in eval mode (no dropout)."""
     return {
-        f"{split}_loss": dataset_loss(model, dataset, cfg.batch_size, precision=cfg.precision)
+        f"{split}_loss": dataset_loss(
+            model, dataset, cfg.eval_batch_size or cfg.batch_size, precision=cfg.precision
+        )
         for split, dataset in data.items()
     }
 

@@ -78,7 +78,8 @@ def run(params: Params) -> None:
         )
     # The final scores read every split in order; the book's scores during training read the
     # loaders of train.rng (under `book` its shuffled training loader, drawing from the RNG).
-    loaders = {split: ordered_loader(dataset, cfg.train.batch_size) for split, dataset in data.items()}
+    eval_batch = cfg.train.eval_batch_size or cfg.train.batch_size
+    loaders = {split: ordered_loader(dataset, eval_batch) for split, dataset in data.items()}
     score_loaders = {
         split: evaluation_loader(dataset, cfg.train.batch_size, cfg.train.rng, shuffled=split == "train")
         for split, dataset in data.items()

@@ -12,7 +12,7 @@ import torch
 
 from gptlab import checkpoint, train_state
 from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import load_model, read_config, save_model
+from gptlab.checkpoint import cpu_weights, load_model, read_config, save_model
 from gptlab.errors import GptlabError
 from gptlab.files import atomic_path
 from gptlab.model import GPTModel
@@ -33,6 +33,10 @@ TINY = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rat
 def tiny_model(seed: int = 0) -> GPTModel:
     torch.manual_seed(seed)
     return GPTModel(TINY)
+
+
+def save_checkpoint_of(folder: Path, steps: int, model: GPTModel, state: dict) -> Path:
+    return save_training_checkpoint(folder, steps, model.cfg, cpu_weights(model), state)
 
 
 def test_model_round_trip_keeps_weights_config_and_metadata(tmp_path: Path) -> None:
@@ -80,7 +84,7 @@ def training_state() -> dict:
 
 def test_training_checkpoint_round_trip_with_weights_only(tmp_path: Path) -> None:
     model = tiny_model()
-    path = save_training_checkpoint(tmp_path, 3, model, training_state())
+    path = save_checkpoint_of(tmp_path, 3, model, training_state())
     assert path == tmp_path / "step-0000003"
     assert sorted(p.name for p in path.iterdir()) == [
         "config.json",
@@ -97,27 +101,28 @@ def test_training_checkpoint_round_trip_with_weights_only(tmp_path: Path) -> Non
 
 
 def test_a_save_over_an_existing_step_replaces_it(tmp_path: Path) -> None:
-    save_training_checkpoint(tmp_path, 3, tiny_model(0), training_state())
-    save_training_checkpoint(tmp_path, 3, tiny_model(1), training_state())
+    save_checkpoint_of(tmp_path, 3, tiny_model(0), training_state())
+    save_checkpoint_of(tmp_path, 3, tiny_model(1), training_state())
     weights, _ = load_training_checkpoint(tmp_path / "step-0000003")
     assert torch.equal(weights["tok_emb.weight"], tiny_model(1).tok_emb.weight)
     assert [p.name for p in tmp_path.iterdir()] == ["step-0000003"]
 
 
 def test_pickled_objects_are_refused_by_weights_only_loading(tmp_path: Path) -> None:
-    path = save_training_checkpoint(tmp_path, 1, tiny_model(), {"ok": 1})
+    path = save_checkpoint_of(tmp_path, 1, tiny_model(), {"ok": 1})
     state = path / train_state.STATE_FILE
     torch.save({"evil": Path("x")}, state)
     manifest = path / train_state.MANIFEST_FILE
-    sizes = json.loads(manifest.read_text())["sizes"]
-    manifest.write_text(json.dumps({"sizes": {**sizes, "state.pt": state.stat().st_size}}))
+    recorded = json.loads(manifest.read_text())
+    recorded["sizes"]["state.pt"] = state.stat().st_size
+    manifest.write_text(json.dumps(recorded))
     with pytest.raises(CheckpointError, match=r"state\.pt: unreadable training state"):
         load_training_checkpoint(path)
 
 
 def test_listing_pruning_and_partial_saves(tmp_path: Path) -> None:
     for steps in (10, 2, 30):
-        save_training_checkpoint(tmp_path, steps, tiny_model(), {"steps": steps})
+        save_checkpoint_of(tmp_path, steps, tiny_model(), {"steps": steps})
     (tmp_path / ".step-0000040.x1y2.tmp").mkdir()  # a save killed before its rename
     (tmp_path / "notes").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000002", "step-0000010", "step-0000030"]
@@ -164,3 +169,16 @@ def test_a_second_trainer_of_the_same_run_is_refused(tmp_path: Path, monkeypatch
                 pass
         with resume_folder("spam-finetune", {"lr": 0.2}):  # another run of the stage is fine
             pass
+
+
+def test_content_digest_tells_apart_what_reads_back_differently() -> None:
+    state = {"w": torch.arange(6.0).reshape(2, 3), "steps": 3, "rng": (1, [2.5, None])}
+    same = {"rng": (1, [2.5, None]), "steps": 3, "w": torch.arange(6.0).reshape(2, 3).clone()}
+    assert train_state.content_digest(state) == train_state.content_digest(same)  # key order does not count
+    for other in (
+        {**state, "w": torch.arange(6.0).reshape(3, 2)},  # same bytes, other shape
+        {**state, "w": torch.arange(6.0).reshape(2, 3).double()},
+        {**state, "steps": 4},
+        {**state, "rng": (1, (2.5, None))},
+    ):
+        assert train_state.content_digest(other) != train_state.content_digest(state)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from gptlab import train_state
@@ -29,6 +30,7 @@ from gptlab.model import GPTModel
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
 from gptlab.train import count_tokens, epoch_order, fit, learning_rate
+from gptlab.typed_config import ConfigError
 
 from helpers import inputs_dir
 
@@ -202,16 +204,37 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
     run_fit(tmp_path, cut)  # leaves checkpoints at steps 6 and 8
     weights = tmp_path / "step-0000008" / WEIGHTS_FILE
     data = bytearray(weights.read_bytes())
-    data[-64:] = bytes(64)  # same size, other weights: only recomputing the loss can tell
+    data[-64:] = bytes(64)  # same size, other weights: only the content can tell
     weights.write_bytes(bytes(data))
 
     _, resumed = run_fit(tmp_path, cut)
     err = capsys.readouterr().err
     assert f"skipping checkpoint {tmp_path / 'step-0000008'}" in err
-    assert "do not give the loss recorded at save time" in err
+    assert "does not match the SHA-256 recorded when it was saved" in err
     assert resumed.resumed_steps == 6
     assert resumed.history == result.history[:4]  # steps 7 and 8 redone exactly
     train_state.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
+
+
+def test_weights_that_match_their_digest_but_not_the_recorded_loss_are_refused(
+    reference, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, result = reference
+    cut = dataclasses.replace(TRAIN, max_steps=8)
+    run_fit(tmp_path, cut)
+    path = tmp_path / "step-0000008"
+    weights = load_file(str(path / WEIGHTS_FILE))
+    weights["final_norm.scale"] = weights["final_norm.scale"] * 2  # other weights, under a forged digest
+    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    manifest = json.loads((path / train_state.MANIFEST_FILE).read_text())
+    manifest["sizes"][WEIGHTS_FILE] = (path / WEIGHTS_FILE).stat().st_size
+    manifest["sha256"][WEIGHTS_FILE] = train_state.content_digest(weights)
+    (path / train_state.MANIFEST_FILE).write_text(json.dumps(manifest))
+
+    _, resumed = run_fit(tmp_path, cut)
+    assert "do not give the loss recorded at save time" in capsys.readouterr().err
+    assert resumed.resumed_steps == 6
+    assert resumed.history == result.history[:4]
 
 
 def test_damaged_files_are_refused_naming_them(tmp_path: Path) -> None:
@@ -357,3 +380,30 @@ def test_average_loss_matches_the_books_calc_loss_loader() -> None:
     )
     assert math.isnan(average_loss(model, [], next_token_loss))
     assert count_tokens((torch.zeros(3, 5), torch.zeros(3, 5))) == 15
+
+
+def test_checkpoints_by_time_and_always_after_the_last_step(reference, tmp_path: Path) -> None:
+    weights, result = reference
+    by_time = dataclasses.replace(TRAIN, checkpoint_every=None, checkpoint_minutes=1e6, keep_checkpoints=5)
+    _, timed = run_fit(tmp_path / "rare", by_time)
+    assert [p.name for p in train_state.list_checkpoints(tmp_path / "rare")] == ["step-0000012"]
+    assert timed.history == result.history  # when it saves never changes the numbers
+    loaded, _ = train_state.load_training_checkpoint(tmp_path / "rare" / "step-0000012")
+    assert all(torch.equal(weights[k], v) for k, v in loaded.items())
+
+    often = dataclasses.replace(by_time, checkpoint_minutes=1e-9)
+    run_fit(tmp_path / "often", often)
+    assert [p.name for p in train_state.list_checkpoints(tmp_path / "often")] == [
+        f"step-{s:07d}" for s in range(8, 13)
+    ]
+
+
+def test_a_failed_background_save_surfaces(tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("a file where the checkpoint folder should be")
+    with pytest.raises(FileExistsError):
+        run_fit(tmp_path / "run", dataclasses.replace(TRAIN, max_steps=4))
+
+
+def test_a_run_without_any_checkpoint_schedule_is_refused() -> None:
+    with pytest.raises(ConfigError, match="checkpoint_every and checkpoint_minutes are both null"):
+        dataclasses.replace(TRAIN, checkpoint_every=None)

@@ -29,12 +29,26 @@ CONFIG_FILE = "config.json"
 
 def save_model(model: GPTModel, directory: Path | str, metadata: dict[str, Any] | None = None) -> Path:
     """Write `model.safetensors` and `config.json` into `directory`; returns the directory."""
+    return save_weights(cpu_weights(model), model.cfg, directory, metadata)
+
+
+def cpu_weights(model: GPTModel) -> dict[str, torch.Tensor]:
+    """A copy of the model's weights on the CPU, as safetensors wants them: contiguous and unshared."""
+    # clone breaks tied weights.
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+
+
+def save_weights(
+    weights: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    directory: Path | str,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write weights taken by `cpu_weights` and their config as a checkpoint; returns the directory."""
     directory = Path(directory)
-    # Tensors must be contiguous and unshared for safetensors; clone breaks tied weights.
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
-    payload = {"model": model.cfg.to_dict(), "metadata": metadata or {}}
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    payload = {"model": cfg.to_dict(), "metadata": metadata or {}}
     with atomic_path(directory / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return directory

@@ -116,7 +116,7 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def accuracy(
     model: nn.Module, loader: Iterable[Batch], pooling: Pooling = "last", num_batches: int | None = None
 ) -> float:
@@ -138,7 +138,7 @@ def accuracy(
     return correct / seen if seen else float("nan")
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def predict(
     model: nn.Module, loader: Iterable[Batch], pooling: Pooling = "last", desc: str = "predict"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,7 +156,7 @@ def predict(
     return torch.cat(actual).numpy(), probabilities.argmax(axis=1), probabilities
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def classify_texts(
     model: GPTModel,
     tokenizer: tiktoken.Encoding,

@@ -107,10 +107,16 @@ class TrainConfig:
     loss_kernel: Literal["book", "chunked"]
     # Train through torch.compile (first step pays a compile of ~1 min on CPU).
     compile: bool
-    checkpoint_every: int
+    # Resumable checkpoints (written in the background): every checkpoint_every optimizer steps
+    # and at epoch ends, and/or once checkpoint_minutes have passed since the last; and at the end.
+    checkpoint_every: int | None
     keep_checkpoints: int
     # Stop after this many optimizer steps (smoke runs); null trains all epochs.
     max_steps: int | None
+    checkpoint_minutes: float | None = None
+    # Batch size of full-split losses; null: the training batch, as the book (it averages
+    # per-batch means, so another size changes the number).
+    eval_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -118,10 +124,17 @@ class TrainConfig:
             "epochs",
             "eval_freq",
             "eval_iter",
-            "checkpoint_every",
             "keep_checkpoints",
         ):
             require(getattr(self, name) > 0, name, f"expected a positive integer, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "checkpoint_minutes", "eval_batch_size"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, f"expected a positive number or null, got {value}")
+        require(
+            self.checkpoint_every is not None or self.checkpoint_minutes is not None,
+            "checkpoint_every",
+            "checkpoint_every and checkpoint_minutes are both null: set one, so a crash can resume",
+        )
         require(self.lr > 0, "lr", f"expected a positive float, got {self.lr}")
         require(self.weight_decay >= 0, "weight_decay", f"expected 0 or more, got {self.weight_decay}")
         require(

@@ -33,7 +33,7 @@ def next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) 
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def average_loss(
     model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_batches: int | None = None
 ) -> float:

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from sklearn.metrics import ConfusionMatrixDisplay
 
 
 def plot_losses(
@@ -45,6 +44,9 @@ def plot_losses(
 
 def plot_confusion_matrix(matrix: list[list[int]], labels: Sequence[str], title: str) -> Figure:
     """A confusion matrix with counts in each cell: rows are actual, columns predicted."""
+    # Imported here: scikit-learn costs ~2 s of start-up to every stage that plots only losses.
+    from sklearn.metrics import ConfusionMatrixDisplay
+
     figure = Figure(figsize=(4.5, 4))
     ax = figure.add_subplot()
     ConfusionMatrixDisplay(np.array(matrix), display_labels=list(labels)).plot(

@@ -13,9 +13,10 @@ reuse with another loss: AdamW, an evaluation on a few batches every
   the book's own code on the same machine. `per_epoch` draws the order of
   epoch e from its own generator seeded with `seed + e`, evaluates in data
   order, and seeds the global RNG (dropout) itself: the scheme torchrun uses;
-- exact resume: every `checkpoint_every` steps and at each epoch end the
-  training state is saved (gptlab.train_state); a rerun continues from the
-  newest valid checkpoint and ends with the same numbers;
+- exact resume: every `checkpoint_every` steps and at each epoch end, or once
+  `checkpoint_minutes` have passed since the last save, and after the last
+  step, the training state is saved in the background (gptlab.train_state); a
+  rerun continues from the newest valid checkpoint and ends with the same numbers;
 - safety: a non-finite loss stops with an error, keeping the last good checkpoint;
 - data parallelism under `torchrun` (see `gptlab.distributed`): rank r takes
   every world_size-th batch of the same epoch order, gradients are averaged by
@@ -46,6 +47,7 @@ from gptlab.errors import InputError
 from gptlab.losses import LossFn, average_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import autocast, ordered_loader, resolve_device, to_device, use_precision
+from gptlab.timing import LapClock
 from gptlab.tracking import NULL_RUN, StageRun
 from gptlab.train_state import Checkpointer, Progress, forked_rng, rng_state, seed_everything, set_rng_state
 
@@ -74,6 +76,8 @@ class TrainResult:
     # Wall time of this call's training loop and what it processed per second.
     wall_seconds: float = 0.0
     seen_per_second: float = 0.0
+    # Where the loop's wall time went: step (with data loading), evaluation, epoch_end, checkpoint.
+    phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -191,86 +195,102 @@ def fit(
         file=sys.stderr,
         disable=not main,
     )
-    started = time.perf_counter()
+    started = last_save = time.perf_counter()
+    clock = LapClock()
     model.train()
-    while progress.steps < total_steps:
-        if protocol == "book":
-            batches = _book_epoch(train_eval, progress)
-        else:
-            order = rank_order(epoch_order(len(train_data), cfg.seed, progress.epoch), cfg.batch_size, world)  # type: ignore[arg-type]
-            batches = iter(
-                DataLoader(
-                    train_data,
-                    batch_size=cfg.batch_size,
-                    sampler=order[progress.batch * cfg.batch_size :],  # skip what a resumed run already did
-                    drop_last=True,
-                    collate_fn=collate_fn,
-                    generator=torch.Generator(),
-                )
-            )
-        for batch in batches:
-            step = progress.steps  # the book's global_step of this update
-            lr = learning_rate(step, cfg, total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            with autocast(device, cfg.precision):
-                loss = step_loss(ddp_model, to_device(batch, device))
-            value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
-            if not math.isfinite(value):
-                newest = checkpointer.newest()
-                kept = f"the last good checkpoint is {newest}" if newest else "no checkpoint was saved yet"
-                raise FloatingPointError(
-                    f"training loss is {value} at step {step}: stopping ({kept}). "
-                    "Lower train.lr, set train.grad_clip, or use precision fp32, then rerun."
-                )
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-            optimizer.step()
-            progress.steps += 1
-            progress.batch += 1
-            progress.seen += distributed.all_sum(count_seen(batch))
-            bar.update(1)
-
-            if step % cfg.eval_freq == 0:
-                row = {
-                    "step": step,
-                    seen_name: progress.seen,
-                    "train_loss": distributed.all_mean(eval_loss(model, train_eval, cfg.eval_iter)),
-                    "val_loss": distributed.all_mean(eval_loss(model, val_eval, cfg.eval_iter)),
-                    "lr": lr,
-                }
-                progress.history.append(row)
-                bar.set_postfix(train_loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}")
-                if main:
-                    tqdm.write(
-                        f"Ep {progress.epoch + 1} (Step {step:06d}): "
-                        f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
-                        file=sys.stderr,
+    with checkpointer.saving():  # a save in flight ends before the loop is left
+        while progress.steps < total_steps:
+            if protocol == "book":
+                batches = _book_epoch(train_eval, progress)
+            else:
+                order = rank_order(
+                    epoch_order(len(train_data), cfg.seed, progress.epoch), cfg.batch_size, world
+                )  # type: ignore[arg-type]
+                batches = iter(
+                    DataLoader(
+                        train_data,
+                        batch_size=cfg.batch_size,
+                        sampler=order[
+                            progress.batch * cfg.batch_size :
+                        ],  # skip what a resumed run already did
+                        drop_last=True,
+                        collate_fn=collate_fn,
+                        generator=torch.Generator(),
                     )
-                tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=step)
+                )
+            for batch in batches:
+                step = progress.steps  # the book's global_step of this update
+                lr = learning_rate(step, cfg, total_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                with autocast(device, cfg.precision):
+                    loss = step_loss(ddp_model, to_device(batch, device))
+                value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
+                if not math.isfinite(value):
+                    newest = checkpointer.newest()
+                    kept = (
+                        f"the last good checkpoint is {newest}" if newest else "no checkpoint was saved yet"
+                    )
+                    raise FloatingPointError(
+                        f"training loss is {value} at step {step}: stopping ({kept}). "
+                        "Lower train.lr, set train.grad_clip, or use precision fp32, then rerun."
+                    )
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+                optimizer.step()
+                progress.steps += 1
+                progress.batch += 1
+                progress.seen += distributed.all_sum(count_seen(batch))
+                bar.update(1)
+                clock.lap("step")
 
-            epoch_done = progress.batch == batches_per_epoch
-            finished = progress.steps == total_steps
-            if epoch_done or finished:
-                extra: Mapping[str, float | str] = {}
-                if on_epoch_end is not None and main:
-                    # The book's end-of-epoch evaluation draws from the RNG like the rest of its
-                    # loop; under per_epoch the callback must not shift the training run.
-                    with forked_rng(device) if protocol == "per_epoch" else contextlib.nullcontext():
-                        extra = on_epoch_end(progress.epoch + 1, model)
-                    model.train()
-                epoch_row = {"epoch": progress.epoch + 1, "step": step, **extra}
-                progress.epochs.append(epoch_row)
-                _log_epochs(tracker, [epoch_row])
-            if epoch_done:
-                progress.epoch += 1
-                progress.batch = 0
-            if progress.steps % cfg.checkpoint_every == 0 or epoch_done or finished:
-                checkpointer.save(progress)
-            if finished:
-                break
+                if step % cfg.eval_freq == 0:
+                    row = {
+                        "step": step,
+                        seen_name: progress.seen,
+                        "train_loss": distributed.all_mean(eval_loss(model, train_eval, cfg.eval_iter)),
+                        "val_loss": distributed.all_mean(eval_loss(model, val_eval, cfg.eval_iter)),
+                        "lr": lr,
+                    }
+                    progress.history.append(row)
+                    bar.set_postfix(train_loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}")
+                    if main:
+                        tqdm.write(
+                            f"Ep {progress.epoch + 1} (Step {step:06d}): "
+                            f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
+                            file=sys.stderr,
+                        )
+                    tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=step)
+                    clock.lap("evaluation")
+
+                epoch_done = progress.batch == batches_per_epoch
+                finished = progress.steps == total_steps
+                if epoch_done or finished:
+                    extra: Mapping[str, float | str] = {}
+                    if on_epoch_end is not None and main:
+                        # The book's end-of-epoch evaluation draws from the RNG like the rest of its
+                        # loop; under per_epoch the callback must not shift the training run.
+                        with forked_rng(device) if protocol == "per_epoch" else contextlib.nullcontext():
+                            extra = on_epoch_end(progress.epoch + 1, model)
+                        model.train()
+                    epoch_row = {"epoch": progress.epoch + 1, "step": step, **extra}
+                    progress.epochs.append(epoch_row)
+                    _log_epochs(tracker, [epoch_row])
+                    clock.lap("epoch_end")
+                if epoch_done:
+                    progress.epoch += 1
+                    progress.batch = 0
+                if finished or checkpoint_due(
+                    cfg, progress.steps, epoch_done, time.perf_counter() - last_save
+                ):
+                    checkpointer.save(progress)
+                    last_save = time.perf_counter()
+                    clock.lap("checkpoint")
+                if finished:
+                    break
+    clock.lap("checkpoint")  # waiting for the last save
     bar.close()
     wall = time.perf_counter() - started
     return TrainResult(
@@ -281,7 +301,18 @@ def fit(
         resumed_steps=resumed_steps,
         wall_seconds=wall,
         seen_per_second=(progress.seen - start_seen) / wall if wall > 0 else 0.0,
+        phase_seconds=dict(clock.seconds),
     )
+
+
+def checkpoint_due(cfg: TrainConfig, steps: int, epoch_done: bool, seconds_since_save: float) -> bool:
+    """Whether to checkpoint after `steps` steps: by step count (and epoch ends), or by time.
+
+    Under torchrun rank 0's clock decides for all, so every rank saves together.
+    """
+    by_steps = cfg.checkpoint_every is not None and (steps % cfg.checkpoint_every == 0 or epoch_done)
+    by_time = cfg.checkpoint_minutes is not None and seconds_since_save >= 60 * cfg.checkpoint_minutes
+    return bool(distributed.broadcast(by_steps or by_time))
 
 
 def evaluation_loader(

@@ -8,10 +8,13 @@ resume a stale one. The folder is
 - created and locked when a stage starts training (`resume_folder`); a second
   process training the same run is refused, and the lock dies with its process;
 - filled by `Checkpointer.save`: weights, optimizer, RNG states and the position
-  in the data, written all-or-nothing, read back and checked by recomputing a
-  loss before older checkpoints are pruned;
-- read by `Checkpointer.resume` after a crash, so the rerun ends with the same
-  numbers as an uninterrupted run;
+  in the data, copied to the CPU and then written all-or-nothing in a background
+  thread while training goes on, read back and checked against the copy's
+  SHA-256 before older checkpoints are pruned (a failure surfaces at the next
+  save or at `wait`);
+- read by `Checkpointer.resume` after a crash, checked again by its digests and
+  by recomputing a loss, so the rerun ends with the same numbers as an
+  uninterrupted run;
 - removed once the stage has published its outputs: a finished run never resumes.
 """
 
@@ -29,6 +32,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +46,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from gptlab import distributed
-from gptlab.checkpoint import WEIGHTS_FILE, save_model
+from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import WEIGHTS_FILE, cpu_weights, save_weights
 from gptlab.errors import GptlabError, InputError
 from gptlab.files import atomic_path, fsync_dir
 from gptlab.model import GPTModel
@@ -144,8 +149,10 @@ def _exclusive_lock(lock_path: Path, folder: Path) -> Iterator[None]:
 class Checkpointer:
     """Saves the training state of one run into its folder and restores the newest good one.
 
-    `probe_loss(model)` computes a fixed batch's loss; a checkpoint counts only
-    once its weights, read back, give the loss recorded when it was saved.
+    `probe_loss(model)` computes a fixed batch's loss, recorded at save time: a
+    checkpoint is resumed from only once its weights, read back, give that loss.
+    Saves run in a background thread, one at a time; `wait` ends the one in
+    flight and raises its error, if any.
     """
 
     def __init__(
@@ -169,42 +176,82 @@ class Checkpointer:
         self.world = world
         self.device = device
         self.main = world.rank == 0
+        self._writer: threading.Thread | None = None
+        self._failure: BaseException | None = None
 
     def save(self, progress: Progress) -> None:
-        """Checkpoint, read it back, check it, and only then drop older ones.
+        """Copy the training state to the CPU now; write, read back, check and prune in the background.
 
-        Under torchrun rank 0 writes it, with every rank's RNG state, while the others wait.
+        Under torchrun rank 0 writes it, with every rank's RNG state.
         """
+        self.wait()
         rank_rngs = distributed.gather(rng_state()) if self.world.size > 1 else None
         with forked_rng(self.device):  # nothing here may shift the training RNG
             probe_loss = self.probe_loss(self.model)
-            if not math.isfinite(probe_loss):
-                raise FloatingPointError(
-                    f"after step {progress.steps - 1} the model's loss is {probe_loss}: the weights "
-                    "diverged; not saving them. Lower train.lr or set train.grad_clip, then rerun."
-                )
-            if not self.main:
-                distributed.barrier()
-                return
-            state = {
-                "format": STATE_FORMAT,
-                "train_config": self.train_config,
-                "progress": dataclasses.asdict(progress),
-                "optimizer": self.optimizer.state_dict(),
-                "rng": rng_state(),
-                "probe_loss": probe_loss,
-            }
-            if rank_rngs is not None:
-                state.update(world_size=self.world.size, rank_rngs=rank_rngs)
-            path = save_training_checkpoint(self.folder, progress.steps, self.model, state)
-            try:
-                self._load_checked(path)
+        if not math.isfinite(probe_loss):
+            raise FloatingPointError(
+                f"after step {progress.steps - 1} the model's loss is {probe_loss}: the weights "
+                "diverged; not saving them. Lower train.lr or set train.grad_clip, then rerun."
+            )
+        if not self.main:
+            return
+        state = {
+            "format": STATE_FORMAT,
+            "train_config": self.train_config,
+            "progress": dataclasses.asdict(progress),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
+            "rng": rng_state(),
+            "probe_loss": probe_loss,
+        }
+        if rank_rngs is not None:
+            state.update(world_size=self.world.size, rank_rngs=rank_rngs)
+        weights = cpu_weights(self.model)
+        self._writer = threading.Thread(
+            target=self._write, args=(progress.steps, weights, state), name="checkpoint-writer"
+        )
+        self._writer.start()
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """A block that saves: on leaving it the save in flight ends, and its failure is raised.
+
+        If the block itself raises, the save still ends (so the checkpoint is there
+        to resume from), and the block's error is the one that propagates.
+        """
+        try:
+            yield
+        except BaseException:
+            self.settle()
+            raise
+        self.wait()
+
+    def wait(self) -> None:
+        """Let the save in flight finish; raise what it raised. Under torchrun every rank waits for it."""
+        failure = self.settle()
+        distributed.barrier()
+        if failure is not None:
+            raise failure
+
+    def settle(self) -> BaseException | None:
+        """Let the save in flight finish, on this process alone; return what it raised (training is failing)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        failure, self._failure = self._failure, None
+        return failure
+
+    def _write(self, steps: int, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        try:
+            path = save_training_checkpoint(self.folder, steps, self.model.cfg, weights, state)
+            try:  # the digests were taken from the copy in memory; reading checks them
+                load_training_checkpoint(path)
             except CheckpointError as exc:
                 raise CheckpointError(
                     f"{path} does not read back as written ({exc}); is the disk full or failing?"
                 ) from exc
-        prune_checkpoints(self.folder, self.keep)
-        distributed.barrier()
+            prune_checkpoints(self.folder, self.keep)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
+            self._failure = exc
 
     def resume(self) -> Progress | None:
         """Restore the newest checkpoint that loads and checks out; None to start afresh.
@@ -231,7 +278,8 @@ class Checkpointer:
         return progress
 
     def newest(self) -> Path | None:
-        """The newest complete checkpoint, if any (for error messages)."""
+        """The newest complete checkpoint, once the save in flight is done, if any (for error messages)."""
+        self.settle()
         found = list_checkpoints(self.folder)
         return found[-1] if found else None
 
@@ -317,28 +365,32 @@ def prune_checkpoints(folder: Path | str, keep: int) -> None:
 def save_training_checkpoint(
     folder: Path | str,
     steps: int,
-    model: GPTModel,
+    cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
     state: Mapping[str, Any],
-    metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """Write weights + training state as `folder/step-XXXXXXX/`, all or nothing.
+    """Write weights (from `cpu_weights`) + training state as `folder/step-XXXXXXX/`, all or nothing.
 
     Everything goes into a temporary folder that is renamed into place last, so
     a `kill -9` at any moment leaves either the complete checkpoint or none.
     `state` holds only tensors and plain Python values (weights_only loading).
+    The manifest records each file's size and the SHA-256 of what was to be
+    written (`content_digest`), which loading checks.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(steps)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
     try:
-        save_model(model, tmp, metadata)
+        save_weights(weights, cfg, tmp)
         with atomic_path(tmp / STATE_FILE) as state_tmp:
             torch.save(dict(state), state_tmp)
-        # Sizes catch truncated copies cheaply; content is checked on load by recomputing a loss.
+        # Sizes catch truncated copies cheaply; the digests any other change of content.
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        digests = {WEIGHTS_FILE: content_digest(weights), STATE_FILE: content_digest(dict(state))}
+        manifest = {"sizes": sizes, "sha256": digests}
         with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
-            manifest_tmp.write_text(json.dumps({"sizes": sizes}, indent=2, sort_keys=True) + "\n")
+            manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         final = folder / name
         if final.exists():  # from an earlier attempt at this step: move it aside, then swap
             replaced = folder / f".{name}.replaced.tmp"
@@ -361,7 +413,8 @@ def load_training_checkpoint(
     directory = Path(directory)
     manifest_path = directory / MANIFEST_FILE
     try:
-        sizes = json.loads(manifest_path.read_text(encoding="utf-8"))["sizes"]
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        sizes, digests = manifest["sizes"], manifest["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path}: missing or unreadable manifest ({exc})") from exc
     for name, size in sizes.items():
@@ -384,7 +437,52 @@ def load_training_checkpoint(
         raise CheckpointError(f"{state_path}: unreadable training state ({exc})") from exc
     if not isinstance(state, dict):
         raise CheckpointError(f"{state_path}: expected a dict of training state, got {type(state).__name__}")
+    for path, content in ((weights_path, weights), (state_path, state)):
+        if content_digest(content) != digests.get(path.name):
+            raise CheckpointError(
+                f"{path}: its content does not match the SHA-256 recorded when it was saved"
+            )
     return weights, state
+
+
+def content_digest(value: Any) -> str:
+    """SHA-256 of a nest of dicts, lists and tuples of tensors and plain values, as loaded back.
+
+    Tensors count by dtype, shape and bytes, on any device; dicts in key order
+    (safetensors does not keep the order they were saved in).
+    """
+    digest = hashlib.sha256()
+
+    def feed(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            data = item.detach().to("cpu").contiguous()
+            digest.update(f"tensor {data.dtype} {tuple(data.shape)};".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().data)
+        elif isinstance(item, Mapping):
+            digest.update(f"dict {len(item)};".encode())
+            for key in sorted(item, key=repr):
+                feed(key)
+                feed(item[key])
+        elif isinstance(item, list | tuple):
+            digest.update(f"{type(item).__name__} {len(item)};".encode())
+            for element in item:
+                feed(element)
+        else:
+            digest.update(f"{type(item).__name__} {item!r};".encode())
+
+    feed(value)
+    return digest.hexdigest()
+
+
+def cpu_copy(value: Any) -> Any:
+    """A copy of a nest of dicts, lists and tuples whose tensors are cloned to the CPU (and detached)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {key: cpu_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(cpu_copy(item) for item in value)
+    return value
 
 
 # ---------------------------------------------------------------------- #
