@@ -2,13 +2,15 @@
 
 Reads the load-gpt2 checkpoint models/gpt2/<instruct.base_model> and the
 instruction splits of the tokenize stage; trains with the shared loop (the
-collate function masks padding with -100); then answers every test record
-greedily and scores the answers against the references with ROUGE-L and,
-when instruct.judge.enabled, with a larger judge model as the book does.
+collate function masks padding with -100) every weight, or with
+`instruct.trainable: lora` only LoRA adapters on every linear layer (merged
+into the weights once trained); then answers every test record greedily and
+scores the answers against the references with ROUGE-L and, when
+instruct.judge.enabled, with a larger judge model as the book does.
 
 Writes models/instruct/ (naming its MLflow run) and, under reports/instruct/,
 metrics.json (losses, ROUGE-L, the judge's mean: DVC metrics), counts.json (steps,
-tokens seen, test records, the judge's counts and histogram), losses.csv (the loss
+tokens seen, trainable parameters, test records, the judge's counts and histogram), losses.csv (the loss
 curve, a DVC plot) and responses.json (the answers). The MLflow run links the
 load-gpt2 run that wrote its base model.
 """
@@ -43,6 +45,7 @@ from gptlab.distributed import is_main
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_json
 from gptlab.judge import check_judge, judge_all, summarize
+from gptlab.lora import add_lora, has_lora, merge_lora
 from gptlab.losses import dataset_loss
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
@@ -92,6 +95,8 @@ def run(params: Params) -> None:
             params.tracking.experiment,
             flatten(cfg, "instruct"),
             system_metrics=params.tracking.system_metrics,
+            sweep=params.tracking.sweep,
+            sweep_variant=params.tracking.sweep_variant,
         ) as tracker,
         resume_folder(STAGE, training, inputs) as run_dir,
     ):
@@ -103,6 +108,15 @@ def run(params: Params) -> None:
             profile={f"{split}_records": len(records) for split, records in splits.items()},
         )
         model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
+        if cfg.trainable == "lora":
+            torch.manual_seed(cfg.train.seed)  # A's draws, reproducible
+            add_lora(model, cfg.lora.rank, cfg.lora.alpha)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        tracker.set_tags({"gptlab.trainable_params": trainable})
+        print(
+            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
+            + (f" (LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha:g})" if cfg.trainable == "lora" else "")
+        )
         torch.manual_seed(cfg.train.seed)  # the book seeds just before training (chapter 7)
         result = fit(
             model,
@@ -116,6 +130,8 @@ def run(params: Params) -> None:
         )
         if not is_main():  # another torchrun process: rank 0 answers, scores and writes the outputs
             return
+        if has_lora(model):  # answered and saved as a plain GPT-2: chat, export and MLflow load it as is
+            merge_lora(model)
         responses, metrics = _answer_and_score(model, tokenizer, cfg, splits["test"], datasets, collate)
         metrics |= {
             # The last evaluation of training, over eval_iter batches: the book's reported losses.
@@ -126,6 +142,7 @@ def run(params: Params) -> None:
         counts: dict[str, Any] = {
             "steps": result.steps,
             "tokens_seen": result.seen,
+            "trainable_params": trainable,
             "test_records": metrics.pop("test_records"),
         }
         if "judge" in metrics:
@@ -141,6 +158,13 @@ def run(params: Params) -> None:
                 "base_metadata": base_metadata,
                 "steps": result.steps,
                 "tokens_seen": result.seen,
+                "trainable": cfg.trainable,
+                "trainable_params": trainable,
+                **(
+                    {"lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "merged": True}}
+                    if cfg.trainable == "lora"
+                    else {}
+                ),
                 "mask_prompt": cfg.mask_prompt,
                 "allowed_max_length": cfg.allowed_max_length,
             },
@@ -148,6 +172,10 @@ def run(params: Params) -> None:
         tracker.record_checkpoint(INSTRUCT_MODEL)
         _write_reports(result.history, responses, metrics, counts)
         _log(tracker, responses, metrics, counts, judged=cfg.judge.enabled, step=result.global_step)
+        tracker.log_metrics(
+            {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
+            step=result.global_step,
+        )
         tracker.log_model("instruct", INSTRUCT_MODEL, params)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 

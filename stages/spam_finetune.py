@@ -1,18 +1,23 @@
 """Stage `spam-finetune`: GPT-2 fine-tuned as an SMS spam classifier (chapter 6).
 
-Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2) and the
-spam splits under data.processed_dir (stage tokenize). Swaps the LM head for a
-seeded 2-class head, trains what `spam.trainable` selects with the shared
-loop, and writes models/spam/ (the classifier, rebuildable alone, naming its
-MLflow run) and reports/spam/: metrics.json (accuracy, precision, recall, F1,
-losses: DVC metrics), counts.json (steps, examples seen, trainable parameters,
-each split's confusion matrix), losses.csv, accuracy.csv, predictions.csv and
-confusion_matrix.png. Everything also goes to the stage's MLflow run, which
-links the load-gpt2 run that wrote its base model.
+Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2; with
+`spam.base_weights: random` only its architecture, freshly drawn) and the spam
+splits under data.processed_dir (stage tokenize; `spam.max_length` encodes the
+messages again to another length). Swaps the LM head for a seeded 2-class head,
+trains what `spam.trainable` selects with the shared loop (with `lora`, the
+LoRA adapters of appendix E, added after the first accuracies as the book adds
+them, and merged into the weights once trained), and writes models/spam/ (the
+classifier, rebuildable alone, naming its MLflow run) and reports/spam/:
+metrics.json (accuracy, precision, recall, F1, losses: DVC metrics), counts.json
+(steps, examples seen, trainable parameters, each split's confusion matrix),
+losses.csv, accuracy.csv, predictions.csv and confusion_matrix.png. Everything
+also goes to the stage's MLflow run, which links the load-gpt2 run that wrote
+its base model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from gptlab.checkpoint import load_model, save_model
+from gptlab.checkpoint import load_model, read_config, save_model
 from gptlab.classifier import (
     CLASS_NAMES,
     accuracy,
@@ -38,10 +43,13 @@ from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
 from gptlab.distributed import is_main
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_figure, write_json
+from gptlab.lora import add_lora, has_lora, merge_lora
+from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
+from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun, stage_run
 from gptlab.train import evaluation_loader, fit
 from gptlab.train_state import resume_folder
@@ -57,11 +65,7 @@ def run(params: Params) -> None:
     processed_dir = Path(params.data.processed_dir)
     base_dir = GPT2_MODELS / cfg.base_model
     device = resolve_device(cfg.train.device)
-    model, base_metadata = load_model(base_dir, device, drop_rate=cfg.drop_rate)
-    if model.cfg.num_classes is not None:
-        raise InputError(
-            f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
-        )
+    model, base_metadata = _base_model(base_dir, cfg.base_weights, cfg.drop_rate, cfg.train.seed, device)
     model = make_classifier(
         model,
         len(CLASS_NAMES),
@@ -70,11 +74,21 @@ def run(params: Params) -> None:
         seed=cfg.train.seed,
     )
     data = {split: SpamDataset(processed_dir, split) for split in SPLITS}
+    if cfg.max_length is not None:
+        length = model.cfg.context_length if cfg.max_length == "context" else cfg.max_length
+        raw_dir = Path(params.data.raw_dir)
+        tokenizer = gpt2_tokenizer(
+            raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+            raw_dir / params.data.sources.gpt2_encoder_json.path,
+        )
+        for dataset in data.values():
+            dataset.reencode(tokenizer, length)
     max_length = data["train"].max_length
     if max_length > model.cfg.context_length:
         raise InputError(
             f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
-            f"{model.cfg.context_length}: use a base model with a longer context"
+            f"{model.cfg.context_length}: use a base model with a longer context, or set spam.max_length "
+            'to at most that ("context" pads to the model\'s context length)'
         )
     # The final scores read every split in order; the book's scores during training read the
     # loaders of train.rng (under `book` its shuffled training loader, drawing from the RNG).
@@ -93,21 +107,21 @@ def run(params: Params) -> None:
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")}
     with (
         stage_run(
-            STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
+            STAGE,
+            params.tracking.experiment,
+            logged,
+            system_metrics=params.tracking.system_metrics,
+            sweep=params.tracking.sweep,
+            sweep_variant=params.tracking.sweep_variant,
         ) as tracker,
         resume_folder(STAGE, fingerprint, inputs) as run_dir,
     ):
-        trainable = count_trainable(model)
-        tracker.set_tags({"gptlab.base_model": cfg.base_model, "gptlab.trainable_params": trainable})
         tracker.link_upstream(base_dir, base_metadata)
         tracker.log_input(
             "spam",
             processed_dir / SUBDIR,
             context="training",
             profile={f"{split}_rows": len(dataset) for split, dataset in data.items()},
-        )
-        print(
-            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
         )
         # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
         torch.manual_seed(cfg.train.seed)
@@ -116,6 +130,16 @@ def run(params: Params) -> None:
         }
         tracker.log_metrics(flatten({"initial": initial}), step=0)
         print("before training: " + _percentages(initial))
+        if cfg.trainable == "lora":
+            # Appendix E's order: the accuracies above, then the model frozen and every linear layer
+            # wrapped; A is drawn from the RNG as it stands after them (B is zero: same accuracies).
+            add_lora(model, cfg.lora.rank, cfg.lora.alpha)
+        trainable = count_trainable(model)
+        tracker.set_tags({"gptlab.base_model": cfg.base_model, "gptlab.trainable_params": trainable})
+        print(
+            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
+            + (f" (LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha:g})" if cfg.trainable == "lora" else "")
+        )
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
             scores = {f"{split}_accuracy": eval_accuracy(split, trained) for split in ("train", "val")}
@@ -137,6 +161,10 @@ def run(params: Params) -> None:
         )
         if not is_main():  # another torchrun process: rank 0 writes the outputs
             return
+        if has_lora(model):
+            # The adapters folded into the weights: the model scored below is the one saved, a plain
+            # classifier with GPT-2's tensor names that every reader of checkpoints loads as it is.
+            merge_lora(model)
 
         # Final scores over the full splits, as the book's last evaluation.
         predictions = {split: predict(model, loaders[split], cfg.pooling, desc=split) for split in SPLITS}
@@ -170,8 +198,15 @@ def run(params: Params) -> None:
                 "max_length": max_length,
                 "pooling": cfg.pooling,
                 "base_model": cfg.base_model,
+                "base_weights": cfg.base_weights,
                 "base_metadata": base_metadata,
                 "trainable": cfg.trainable,
+                "trainable_params": trainable,
+                **(
+                    {"lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "merged": True}}
+                    if cfg.trainable == "lora"
+                    else {}
+                ),
                 "metrics": {split: metrics[split] for split in SPLITS},
                 "stage": STAGE,
             },
@@ -193,7 +228,38 @@ def run(params: Params) -> None:
             figure,
             step=result.global_step,
         )
+        # Time is no DVC metric (it differs run to run): MLflow only, as the sweep table reads it.
+        tracker.log_metrics(
+            {"wall_seconds": result.wall_seconds, "examples_per_second": result.seen_per_second},
+            step=result.global_step,
+        )
         tracker.log_model("spam", SPAM_MODEL, params)
+
+
+def _base_model(
+    base_dir: Path, weights: str, drop_rate: float, seed: int, device: torch.device
+) -> tuple[GPTModel, dict[str, Any]]:
+    """The language model to fine-tune: the load-gpt2 checkpoint, or its architecture freshly drawn.
+
+    `random` seeds, then builds the model on the CPU (the book's draws on any device) and
+    moves it, as the bonus script's `--weights random` does.
+    """
+    if weights == "random":
+        base_cfg, base_metadata = read_config(base_dir)
+        _check_language_model(base_cfg.num_classes, base_dir)
+        torch.manual_seed(seed)
+        model = GPTModel(dataclasses.replace(base_cfg, drop_rate=drop_rate))
+        return model.to(device).eval(), base_metadata
+    model, base_metadata = load_model(base_dir, device, drop_rate=drop_rate)
+    _check_language_model(model.cfg.num_classes, base_dir)
+    return model, base_metadata
+
+
+def _check_language_model(num_classes: int | None, base_dir: Path) -> None:
+    if num_classes is not None:
+        raise InputError(
+            f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
+        )
 
 
 def _percentages(scores: dict[str, float]) -> str:

@@ -161,3 +161,27 @@ def dvc(
     )
     assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return proc
+
+
+# Pipeline outputs: a fresh clone has none of these.
+OUTPUT_DIRS = ("data/", "models/", "reports/")
+
+
+def copy_project(dest: Path) -> None:
+    """What a fresh clone would hold: tracked files plus new, not ignored ones; no pipeline outputs.
+
+    params.yaml is the committed one, so the checks below hold whatever the working tree's says.
+    """
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listing.split("\0")):
+        src = PROJECT_ROOT / rel
+        if rel.startswith(OUTPUT_DIRS) or not src.is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+    write_committed_params(dest)

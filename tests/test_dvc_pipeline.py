@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,32 +13,10 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, dvc, git, write_committed_params
+from helpers import PROJECT_ROOT, copy_project, dvc, git
 
-# Pipeline outputs: a fresh clone has none of these.
-OUTPUT_DIRS = ("data/", "models/", "reports/")
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
-
-
-def copy_project(dest: Path) -> None:
-    """What a fresh clone would hold: tracked files plus new, not ignored ones; no pipeline outputs.
-
-    params.yaml is the committed one, so the checks below hold whatever the working tree's says.
-    """
-    listing = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for rel in filter(None, listing.split("\0")):
-        src = PROJECT_ROOT / rel
-        if rel.startswith(OUTPUT_DIRS) or not src.is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest / rel)
-    write_committed_params(dest)
 
 
 def snapshot(project: Path) -> dict[str, tuple[str, int]]:

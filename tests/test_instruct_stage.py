@@ -287,3 +287,42 @@ def test_chat_refuses_an_empty_instruction(tmp_path: Path, capsys: pytest.Captur
     )
     assert gptlab_main(["chat", "  ", "--model", str(model_dir)]) == 2
     assert "instruction is empty" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_lora_stage_trains_adapters_and_saves_a_plain_model_chat_and_export_read(
+    project: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """instruct.trainable lora: only the adapters train; the saved model is merged, a plain GPT-2."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from gptlab.hf_gpt2 import export_checkpoint
+    from gptlab.lora import add_lora
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["tracking"].update(system_metrics=False, log_models=False)
+    params["instruct"].update(trainable="lora", lora={"rank": 4, "alpha": 8})
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    base, _ = load_model(project / "models" / "gpt2" / "gpt2-medium")
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in add_lora(GPTModel(base.cfg), 4, 8).parameters() if p.requires_grad)
+
+    run(load_params())
+
+    assert f"gpt2-medium: {expected:,} of " in capsys.readouterr().out
+    counted = json.loads((project / "reports" / "instruct" / "counts.json").read_text())
+    assert counted["trainable_params"] == expected
+    model, metadata = load_model(project / "models" / "instruct")
+    assert metadata["lora"] == {"rank": 4, "alpha": 8.0, "merged": True} and metadata["trainable"] == "lora"
+    assert not torch.equal(model.out_head.weight, base.out_head.weight)  # the head's adapter trained
+    assert torch.equal(model.tok_emb.weight, base.tok_emb.weight)  # no linear layer: frozen
+    # `gptlab export` writes the merged weights; transformers gives the saved model's logits.
+    export_checkpoint(project / "models" / "instruct", project / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(project / "hf").eval()
+    ids = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-5)
+    (mlflow_run,) = stage_runs("gptlab")
+    assert mlflow_run.data.tags["gptlab.trainable_params"] == str(expected)
+    assert mlflow_run.data.params["instruct.trainable"] == "lora"

@@ -72,9 +72,9 @@ def test_book_file_loads_and_every_row_is_well_formed() -> None:
     book = load_book(BOOK)
     ids = [f.id for f in book.figures]
     assert len(ids) == len(set(ids))
-    assert {f.chapter for f in book.figures} == {2, 4, 5, 6, 7}
+    assert {f.chapter for f in book.figures} == {2, 4, 5, 6, 7, "E"}
     for f in book.figures:
-        assert f.where.startswith(f"ch. {f.chapter}"), f.id
+        assert f.where.startswith(f"app. {f.chapter}" if f.chapter == "E" else f"ch. {f.chapter}"), f.id
         assert f.tolerance.reason, f.id
         assert f.ours is not None or f.needs, f.id
     by_id = {f.id: f for f in book.figures}
@@ -155,6 +155,77 @@ def test_chapter_4_parameter_counts_from_our_model_equal_the_books() -> None:
     for f in counted:
         ours = LIVE[f.ours.live](None, **f.ours.args)
         assert f.tolerance.allows(f.book, ours), (f.id, ours, f.book)
+
+
+def test_appendix_e_trainable_counts_from_our_lora_equal_the_books() -> None:
+    book = {f.id: f for f in load_book(BOOK).figures}
+    for name, printed in (("appE-trainable-before", 124_441_346), ("appE-trainable-lora", 2_666_528)):
+        f = book[name]
+        assert f.book == printed and f.chapter == "E"
+        assert LIVE[f.ours.live](None, **f.ours.args) == printed, name
+
+
+def test_every_sweep_variant_the_book_file_reads_is_in_the_spam_sweep() -> None:
+    from gptlab.sweep import load_sweep
+
+    sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PROJECT_ROOT / "params.yaml")
+    read = {
+        f.ours.row["variant"]
+        for f in load_book(BOOK).figures
+        if f.ours is not None and f.ours.file == "sweeps/spam.csv"
+    }
+    assert read and read <= set(sweep.variants)
+    for f in load_book(BOOK).figures:  # the book's table and appendix E ran on OpenAI's weights
+        if f.ours is not None and f.ours.file == "sweeps/spam.csv":
+            assert f.needs and f.needs.startswith("OpenAI's"), f.id
+
+
+def test_a_sweep_row_is_checked_against_its_own_gpt2_source(tmp_path: Path, reports: Path) -> None:
+    """The workspace ran on pretrain; the sweep's rows say which weights each variant started from."""
+    (reports / "sweeps").mkdir()
+    (reports / "sweeps" / "spam.csv").write_text(
+        "variant,experiment,status,gpt2.source,test_accuracy\n"
+        "lora,spam-lora,success,huggingface,0.9667\n"
+        "smoke,spam-smoke,success,pretrain,0.5\n",
+        encoding="utf-8",
+    )
+
+    def row(variant: str) -> dict[str, object]:
+        return {
+            "file": "sweeps/spam.csv",
+            "row": {"variant": variant},
+            "column": "test_accuracy",
+            "scale": 100,
+        }
+
+    book_path = write_yaml(
+        tmp_path / "book.yaml",
+        {
+            "chapters": {
+                5: "Pretraining on unlabeled data",
+                "E": "Parameter-efficient fine-tuning with LoRA",
+            },
+            "figures": [
+                figure("lora", chapter="E", book="96.67", needs="OpenAI's weights", ours=row("lora")),
+                figure("smoke", chapter="E", book="96.67", needs="OpenAI's weights", ours=row("smoke")),
+                figure("gone", book="96.67", needs="OpenAI's weights", ours=row("missing")),
+            ],
+        },
+    )
+    outcomes = {o.figure.id: o for o in compare(load_book(book_path), reports)}
+    assert outcomes["lora"].status == OK and outcomes["lora"].ours == pytest.approx(96.67)
+    assert outcomes["smoke"].status == NOT_RUN
+    assert "sweeps/spam.csv's row gpt2.source is pretrain" in outcomes["smoke"].reason
+    assert (
+        outcomes["gone"].status == NOT_RUN and "this run's gpt2.source is pretrain" in outcomes["gone"].reason
+    )
+    text = render_markdown(book_path, reports)
+    assert text.index("## Chapter 5") < text.index("## Appendix E: Parameter-efficient fine-tuning with LoRA")
+
+    (reports / "sweeps" / "spam.csv").unlink()
+    write_yaml(reports.parent / "params.yaml", {"gpt2": {"source": "huggingface"}})
+    outcomes = {o.figure.id: o for o in compare(load_book(book_path), reports)}
+    assert "sweep not run" in outcomes["lora"].reason and "gptlab sweep spam" in outcomes["lora"].reason
 
 
 @pytest.mark.slow

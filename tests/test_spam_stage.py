@@ -7,6 +7,7 @@ tests of this module: ~25 s of CPU for the stage and the DVC and MLflow checks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -407,3 +408,89 @@ def test_registered_model_serves_over_http(trained: tuple[Path, dict[str, str]],
     rows = answer["predictions"]
     assert [row["label"] for row in rows] == labels
     assert rows[0]["spam_probability"] > 0.5 > rows[1]["spam_probability"]
+
+
+@pytest.mark.slow
+def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spam.trainable lora (appendix E), in-process: adapters counted and trained, the model saved merged."""
+    from gptlab.classifier import count_trainable
+    from gptlab.lora import add_lora
+    from stages import spam_finetune
+
+    project = tmp_path / "project"
+    copy_code(project)
+    params = committed_params_raw()
+    params["tokenize"]["spam"]["max_rows"] = 16
+    params["tracking"].update(system_metrics=False, log_models=False)
+    params["spam"].update(
+        trainable="lora", lora={"rank": 4, "alpha": 8}, max_length="context", pooling="first"
+    )
+    params["spam"]["train"].update(epochs=2, lr=1e-2, eval_freq=2, eval_iter=1, device="cpu")
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (project / "data" / "raw").mkdir(parents=True)
+    (project / "data" / "raw" / "gpt2").symlink_to(shared_data / "gpt2", target_is_directory=True)
+    loaded = load_params(project / "params.yaml")
+    spam.prepare(
+        shared_data / loaded.data.sources.sms_spam.path,
+        project / loaded.data.processed_dir,
+        load_tokenizer(shared_data),
+        seed=loaded.tokenize.spam.seed,
+        train_frac=loaded.tokenize.spam.train_frac,
+        val_frac=loaded.tokenize.spam.val_frac,
+        max_rows=16,
+    )
+    torch.manual_seed(0)
+    base = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, qkv_bias=True)
+    save_model(GPTModel(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+    with torch.device("meta"):
+        expected = make_classifier(GPTModel(base), 2, trainable="lora", trainable_blocks=1, seed=0)
+        expected = count_trainable(add_lora(expected, 4, 8))
+    monkeypatch.chdir(project)
+
+    spam_finetune.run(load_params())
+
+    out = capsys.readouterr().out
+    assert f"gpt2-small: {expected:,} of " in out and "(LoRA rank 4, alpha 8)" in out
+    counted = json.loads((project / "reports" / "spam" / "counts.json").read_text())
+    assert counted["trainable_params"] == expected
+    # Saved merged: a plain classifier with GPT-2's tensor names, padded to the model's context.
+    model, metadata = load_model(project / "models" / "spam")
+    assert not any(".lora." in name for name in model.state_dict())
+    assert metadata["trainable"] == "lora" and metadata["lora"] == {"rank": 4, "alpha": 8.0, "merged": True}
+    assert metadata["trainable_params"] == expected
+    assert metadata["max_length"] == 64 and metadata["pooling"] == "first"
+    # The adapters trained: the merged head differs from the seeded fresh head the stage started with.
+    fresh = make_classifier(GPTModel(base), 2, trainable="lora", trainable_blocks=1, seed=123)
+    assert not torch.allclose(model.out_head.weight, fresh.out_head.weight)
+    base_model, _ = load_model(project / "models" / "gpt2" / "gpt2-small")
+    assert torch.equal(model.tok_emb.weight, base_model.tok_emb.weight)  # no Linear, no adapter: frozen
+    # The saved model reproduces the stage's test predictions.
+    test = spam.SpamDataset(project / "data" / "processed", "test")
+    test.reencode(load_tokenizer(shared_data), 64)
+    with torch.no_grad():
+        predicted = class_logits(model, test.input_ids, "first").argmax(dim=-1)
+    written = pd.read_csv(project / "reports" / "spam" / "predictions.csv")["predicted"]
+    assert written.tolist() == [spam_finetune.CLASS_NAMES[i] for i in predicted.tolist()]
+    run = MlflowClient().search_runs(
+        [MlflowClient().get_experiment_by_name("gptlab").experiment_id],
+        filter_string="tags.`gptlab.stage` = 'spam-finetune'",
+    )[0]
+    assert run.data.tags["gptlab.trainable_params"] == str(expected) and run.data.metrics["wall_seconds"] > 0
+
+
+def test_random_base_weights_are_the_architecture_freshly_seeded(tmp_path: Path) -> None:
+    from stages.spam_finetune import _base_model
+
+    torch.manual_seed(1)
+    cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1, qkv_bias=True)
+    save_model(GPTModel(cfg), tmp_path / "base", {"stage": "load-gpt2"})
+    model, metadata = _base_model(tmp_path / "base", "random", 0.0, 123, torch.device("cpu"))
+    torch.manual_seed(123)
+    expected = GPTModel(dataclasses.replace(cfg, drop_rate=0.0))
+    assert metadata == {"stage": "load-gpt2"} and model.cfg.drop_rate == 0.0
+    for (name, ours), theirs in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+    loaded, _ = _base_model(tmp_path / "base", "pretrained", 0.0, 123, torch.device("cpu"))
+    assert not torch.equal(loaded.tok_emb.weight, model.tok_emb.weight)

@@ -1,10 +1,12 @@
 """GPT-2 as a text classifier (chapter 6): head surgery, pooling, loss, accuracy and metrics.
 
 The language-model head is swapped for a small `Linear(emb_dim, num_classes)`
-and only the parts chosen to train keep gradients. A sequence's class logits
-come from its last token's output, as in the book (under causal attention only
-the last position has seen the whole text), or from the mean over its
-non-padding positions.
+and only the parts chosen to train keep gradients (with `lora`, none: the stage
+then adds LoRA adapters, see gptlab.lora). A sequence's class logits come from
+its last token's output, as in the book (under causal attention only the last
+position has seen the whole text), from its first token's, from the mean over
+its non-padding positions, or from the mean over every position, padding
+included (the "pooled embeddings" of chapter 6's bonus experiments).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from gptlab.errors import InputError
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 
-Trainable = Literal["head", "last_blocks", "all"]
-Pooling = Literal["last", "mean"]
+Trainable = Literal["head", "last_blocks", "all", "lora"]
+Pooling = Literal["last", "first", "mean", "mean_all"]
+POOLINGS: tuple[str, ...] = ("last", "first", "mean", "mean_all")
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
@@ -45,11 +48,13 @@ def make_classifier(
     Everything is frozen first; the head is created right after seeding so its
     initial weights are reproducible (the book seeds 123). `trainable` then
     unfreezes the head only, the last `trainable_blocks` blocks + final norm +
-    head, or the whole model. The config records `num_classes`, so a saved
-    classifier is rebuilt with its head by `checkpoint.load_model`.
+    head, or the whole model; `lora` leaves everything frozen, the head too, for
+    `gptlab.lora.add_lora` to add the adapters that train. The config records
+    `num_classes`, so a saved classifier is rebuilt with its head by
+    `checkpoint.load_model`.
     """
-    if trainable not in ("head", "last_blocks", "all"):
-        raise InputError(f"spam.trainable: expected head, last_blocks or all, got {trainable!r}")
+    if trainable not in ("head", "last_blocks", "all", "lora"):
+        raise InputError(f"spam.trainable: expected head, last_blocks, all or lora, got {trainable!r}")
     n_layers = len(model.trf_blocks)
     if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
         raise InputError(
@@ -66,6 +71,8 @@ def make_classifier(
         for block in model.trf_blocks[n_layers - trainable_blocks :]:
             block.requires_grad_(True)
         model.final_norm.requires_grad_(True)
+    elif trainable == "lora":
+        model.out_head.requires_grad_(False)
     return model
 
 
@@ -74,12 +81,20 @@ def count_trainable(model: nn.Module) -> int:
 
 
 def class_logits(model: nn.Module, input_ids: torch.Tensor, pooling: Pooling = "last") -> torch.Tensor:
-    """(b, num_classes) logits for token ids (b, t), from the last token or the mean of non-padding ones."""
+    """(b, num_classes) logits for token ids (b, t): of the last or first token, or a mean over tokens.
+
+    `mean` averages the non-padding positions, `mean_all` every position (the bonus
+    script's `--average_embeddings`, which averages the padding's outputs too).
+    """
     logits = model(input_ids).float()  # (b, t, num_classes); fp32 even under bf16 autocast
     if pooling == "last":
         return logits[:, -1, :]
-    assert pooling == "mean", f"unknown pooling {pooling!r}"
+    if pooling == "first":
+        return logits[:, 0, :]
     # The head is affine, so averaging logits equals classifying the averaged hidden state.
+    if pooling == "mean_all":
+        return logits.mean(dim=1)
+    assert pooling == "mean", f"unknown pooling {pooling!r}"
     keep = (input_ids != PAD_TOKEN_ID).unsqueeze(-1).to(logits.dtype)  # (b, t, 1)
     return (logits * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (b, num_classes)
 
@@ -90,20 +105,34 @@ def last_token_classification_loss(model: nn.Module, batch: Batch) -> torch.Tens
     return F.cross_entropy(class_logits(model, input_ids, "last"), labels)
 
 
+def first_token_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the first token's class logits (the bonus script's `--trainable_token_pos first`)."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "first"), labels)
+
+
 def mean_pooled_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Cross entropy of the class logits averaged over non-padding tokens."""
     input_ids, labels = batch
     return F.cross_entropy(class_logits(model, input_ids, "mean"), labels)
 
 
+def all_positions_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the class logits averaged over every position, padding included."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "mean_all"), labels)
+
+
 def classification_loss(pooling: Pooling) -> LossFn:
     """The training loss for a pooling choice, in the shape the shared training loop calls."""
     losses: dict[str, LossFn] = {
         "last": last_token_classification_loss,
+        "first": first_token_classification_loss,
         "mean": mean_pooled_classification_loss,
+        "mean_all": all_positions_classification_loss,
     }
     if pooling not in losses:
-        raise InputError(f"spam.pooling: expected last or mean, got {pooling!r}")
+        raise InputError(f"spam.pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
     return losses[pooling]
 
 

@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
     "run": ("gptlab.commands.run", "run the pipeline as a DVC experiment with a profile's overrides"),
     "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
+    "sweep": (
+        "gptlab.commands.sweep",
+        "run a sweep file's variants as queued DVC experiments and write their table",
+    ),
     "metrics": ("gptlab.commands.metrics", "compare reports/ with the metrics baseline, or update it"),
     "mirror": (
         "gptlab.commands.mirror",

@@ -333,12 +333,35 @@ class Gpt2Config:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (appendix E): rank of A and B, and alpha; the update is scaled by alpha / rank."""
+
+    rank: int
+    alpha: float
+
+    def __post_init__(self) -> None:
+        require(self.rank > 0, "rank", f"expected a positive integer, got {self.rank}")
+        require(self.alpha > 0, "alpha", f"expected a positive number, got {self.alpha}")
+
+
+@dataclass(frozen=True)
 class SpamConfig:
     base_model: str
-    # What trains: the new head only, the last `trainable_blocks` blocks + final norm + head, or all.
-    trainable: Literal["head", "last_blocks", "all"]
+    # pretrained: the load-gpt2 checkpoint; random: its architecture freshly drawn after seeding
+    # train.seed (chapter 6's bonus table, "random weights").
+    base_weights: Literal["pretrained", "random"]
+    # What trains: the new head only, the last `trainable_blocks` blocks + final norm + head, all,
+    # or LoRA adapters on every linear layer (head included) with everything else frozen (appendix E).
+    trainable: Literal["head", "last_blocks", "all", "lora"]
     trainable_blocks: int
-    pooling: Literal["last", "mean"]
+    lora: LoraConfig
+    # Which outputs classify a message: the last token's (the book), the first token's, the mean
+    # over its non-padding tokens, or the mean over every position, padding included (the bonus
+    # table's "pooled embeddings").
+    pooling: Literal["last", "first", "mean", "mean_all"]
+    # Tokens each message is padded (or cut) to: null keeps the tokenize stage's length (the longest
+    # training message); "context" pads to the base model's context length; or a number.
+    max_length: int | Literal["context"] | None
     drop_rate: float
     # Batches of each split scored before training (the book prints them: 10).
     initial_eval_batches: int
@@ -349,6 +372,11 @@ class SpamConfig:
             self.trainable_blocks > 0,
             "trainable_blocks",
             f"expected a positive integer, got {self.trainable_blocks}",
+        )
+        require(
+            not isinstance(self.max_length, int) or self.max_length > 0,
+            "max_length",
+            f'expected a positive integer, "context" or null, got {self.max_length}',
         )
         require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
         require(
@@ -393,6 +421,9 @@ class AnswerGeneration:
 @dataclass(frozen=True)
 class InstructConfig:
     base_model: str
+    # full: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
+    trainable: Literal["full", "lora"]
+    lora: LoraConfig
     drop_rate: float
     allowed_max_length: int
     mask_prompt: bool
@@ -422,6 +453,10 @@ class TrackingConfig:
     system_metrics: bool = True
     # Log each trained model as an MLflow model (registered; weights stored once, in it).
     log_models: bool = True
+    # Set by `gptlab sweep` on each variant it queues: the fine-tune runs are tagged gptlab.sweep and
+    # gptlab.sweep_variant (and named <stage>/<variant>), so the MLflow UI groups a sweep's runs.
+    sweep: str | None = None
+    sweep_variant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def _checked_overrides(profile: Path, params_file: Path) -> tuple[dict[str, Any]
         raise ConfigError(f"{profile}: expected a mapping of overrides laid out like params.yaml")
     params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
     try:
-        return overrides, build(Params, _merge(params, overrides), "")
+        return overrides, build(Params, merge_overrides(params, overrides), "")
     except ConfigError as exc:
         raise ConfigError(f"{profile}: {exc}") from None
 
@@ -68,11 +68,12 @@ def experiment_env(project: Path) -> dict[str, str]:
     return env
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` (nested, like params.yaml) with `overrides` laid over it, section by section (a new dict)."""
     merged = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merged[key] = _merge(base[key], value)
+            merged[key] = merge_overrides(base[key], value)
         else:
             merged[key] = value
     return merged

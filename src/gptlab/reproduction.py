@@ -3,11 +3,14 @@
 The figures live in data, reproduction/book.yaml: each names where the book
 prints it, the book's value, a tolerance with its reason, and where our value
 comes from: a key of a stage's JSON report, a row of one of its CSV curves, or
-a figure computed live from our code (parameter counts, the untrained model's
-greedy tokens, The Verdict's token count). The report marks each figure ✓
-(within tolerance), ✗ (outside it) or "not run" with the reason: the stage
-has not run, it does not report that value, or the figure needs OpenAI's
-weights and the run used `gpt2.source: pretrain`.
+a figure computed live from our code (parameter counts, LoRA's trainable
+count, the untrained model's greedy tokens, The Verdict's token count). The
+report marks each figure ✓ (within tolerance), ✗ (outside it) or "not run" with
+the reason: the stage has not run, it does not report that value, or the figure
+needs OpenAI's weights and the run used `gpt2.source: pretrain`. A row of a
+sweep's table (reports/sweeps/<sweep>.csv, `gptlab sweep`) carries its own
+`gpt2.source`, which is what such a figure is checked against. Chapters are
+numbered; appendices are lettered ("E").
 
 `render_markdown()` returns the report's text (for MLflow); `write_report()`
 also writes it. Only the live chapter 2 and 4 figures import torch, and only
@@ -117,7 +120,7 @@ class Source:
 @dataclass(frozen=True)
 class Figure:
     id: str
-    chapter: int
+    chapter: int | str  # a chapter number, or an appendix letter
     description: str
     where: str
     book: Value
@@ -130,7 +133,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class Book:
-    chapters: dict[int, str]
+    chapters: dict[int | str, str]
     figures: list[Figure]
 
 
@@ -144,9 +147,12 @@ def load_book(path: Path | str = BOOK_FILE) -> Book:
         raise InputError(f"{path}: expected a mapping with exactly the keys `chapters` and `figures`")
     chapters = data["chapters"]
     if not isinstance(chapters, dict) or not all(
-        isinstance(k, int) and isinstance(v, str) for k, v in chapters.items()
+        (isinstance(k, int) or (isinstance(k, str) and k.isalpha())) and isinstance(v, str)
+        for k, v in chapters.items()
     ):
-        raise InputError(f"{path}: chapters: expected a mapping of chapter number to title")
+        raise InputError(
+            f"{path}: chapters: expected a mapping of chapter number (or appendix letter) to title"
+        )
     if not isinstance(data["figures"], list):
         raise InputError(f"{path}: figures: expected a list")
     figures: list[Figure] = []
@@ -162,7 +168,7 @@ def load_book(path: Path | str = BOOK_FILE) -> Book:
     return Book(chapters=dict(chapters), figures=figures)
 
 
-def _figure(raw: Any, chapters: Mapping[int, str], where: str) -> Figure:
+def _figure(raw: Any, chapters: Mapping[int | str, str], where: str) -> Figure:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected a mapping, got {type(raw).__name__}")
     _check_keys(raw, _FIGURE_KEYS, where)
@@ -170,7 +176,7 @@ def _figure(raw: Any, chapters: Mapping[int, str], where: str) -> Figure:
         if not isinstance(raw[key], str) or not raw[key].strip():
             raise InputError(f"{where}: {key}: expected a non-empty string")
     if raw["chapter"] not in chapters:
-        raise InputError(f"{where}: chapter: {raw['chapter']!r} is not one of {sorted(chapters)}")
+        raise InputError(f"{where}: chapter: {raw['chapter']!r} is not one of {_ordered(chapters)}")
     book, book_text = _book_value(raw["book"], where)
     tolerance = _tolerance(raw["tolerance"], where)
     if isinstance(book, list) and tolerance.amount != 0:
@@ -441,9 +447,35 @@ def greedy_continuation(
     return out[0].tolist()
 
 
+def trainable_count(
+    run: RunInfo | None,
+    preset: str,
+    context_length: int,
+    qkv_bias: bool,
+    num_classes: int | None = None,
+    lora_rank: int | None = None,
+    lora_alpha: float | None = None,
+) -> int:
+    """Trainable parameters as appendix E counts them: the model (with a fresh `num_classes` head) as
+    built, every parameter trainable; or, with `lora_rank`, frozen with LoRA on every linear layer."""
+    import torch
+    from torch import nn
+
+    from gptlab.lora import add_lora
+
+    model = _gpt2_model(preset, context_length, qkv_bias, meta=True)
+    with torch.device("meta"):
+        if num_classes is not None:
+            model.out_head = nn.Linear(model.cfg.emb_dim, num_classes)
+        if lora_rank is not None:
+            add_lora(model, lora_rank, lora_alpha if lora_alpha is not None else lora_rank)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 LIVE: dict[str, Callable[..., Value]] = {
     "parameter_count": parameter_count,
     "parameter_megabytes": parameter_megabytes,
+    "trainable_count": trainable_count,
     "verdict_tokens": verdict_tokens,
     "greedy_continuation": greedy_continuation,
 }
@@ -471,6 +503,11 @@ class _Reports:
         if file not in self._cache:
             path = self.folder / file
             if not path.is_file():
+                if file.startswith("sweeps/"):
+                    raise NotRun(
+                        f"sweep not run: no {file} in {self.folder.as_posix()}/ "
+                        f"(`gptlab sweep {Path(file).stem}` writes it)"
+                    )
                 raise NotRun(f"stage not run: no {file} in {self.folder.as_posix()}/")
             text = path.read_text(encoding="utf-8")
             self._cache[file] = (
@@ -483,15 +520,21 @@ class _Reports:
         if source.column is None:
             total = sum(self._json_value(source.file, key) for key in source.keys)
             return total * source.scale if source.scale != 1 else total
-        rows = self._load(source.file)
-        matching = [row for row in rows if all(_same(row.get(k), v) for k, v in source.row.items())]
         label = ", ".join(f"{k}={v}" for k, v in source.row.items())
-        if not matching:
-            raise NotRun(f"{source.file} has no row {label}")
-        cell = matching[0].get(source.column)
+        cell = self.row(source).get(source.column)
         if cell in (None, ""):
             raise NotRun(f"{source.file} has no {source.column} at {label}")
         return float(cell) * source.scale if source.scale != 1 else float(cell)
+
+    def row(self, source: Source) -> dict[str, str]:
+        """The first row of a CSV source's file whose columns hold the source's `row` values."""
+        assert source.file is not None and source.column is not None, "a CSV source"
+        rows = self._load(source.file)
+        matching = [row for row in rows if all(_same(row.get(k), v) for k, v in source.row.items())]
+        if not matching:
+            label = ", ".join(f"{k}={v}" for k, v in source.row.items())
+            raise NotRun(f"{source.file} has no row {label}")
+        return matching[0]
 
     def _json_value(self, file: str, key: str) -> float:
         value: Any = self._load(file)
@@ -532,13 +575,18 @@ def compare(book: Book, reports_dir: Path, run: RunInfo | None = None) -> list[O
 
 
 def _our_value(figure: Figure, reports: _Reports, run: RunInfo) -> Value:
-    if figure.needs is not None and run.gpt2_source != _OPENAI_SOURCE:
-        why = (
-            f"this run's gpt2.source is {run.gpt2_source}"
-            if run.gpt2_source
-            else "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
-        )
-        raise NotRun(f"needs {figure.needs}; {why}")
+    if figure.needs is not None:
+        gpt2_source, whose = run.gpt2_source, "this run's"
+        row = _row_if_any(figure.ours, reports)
+        if row is not None and row.get("gpt2.source"):  # a sweep's row: its own experiment's weights
+            gpt2_source, whose = row["gpt2.source"], f"{figure.ours.file}'s row"  # type: ignore[union-attr]
+        if gpt2_source != _OPENAI_SOURCE:
+            why = (
+                f"{whose} gpt2.source is {gpt2_source}"
+                if gpt2_source
+                else "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
+            )
+            raise NotRun(f"needs {figure.needs}; {why}")
     source = figure.ours
     if source is None:
         raise NotRun(f"needs {figure.needs}")
@@ -551,7 +599,25 @@ def _our_value(figure: Figure, reports: _Reports, run: RunInfo) -> Value:
     return value * source.scale if source.scale != 1 and not isinstance(value, list) else value
 
 
+def _row_if_any(source: Source | None, reports: _Reports) -> dict[str, str] | None:
+    if source is None or source.column is None:
+        return None
+    try:
+        return reports.row(source)
+    except NotRun:
+        return None
+
+
 # --------------------------------------------------------------------------- rendering
+
+
+def _ordered(chapters: Mapping[int | str, str]) -> list[int | str]:
+    """Chapters by number, then appendices by letter."""
+    return sorted(chapters, key=lambda c: (isinstance(c, str), str(c).zfill(3)))
+
+
+def _heading(chapter: int | str) -> str:
+    return f"Appendix {chapter}" if isinstance(chapter, str) else f"Chapter {chapter}"
 
 
 def _decimals(text: str) -> int:
@@ -598,13 +664,14 @@ def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | 
         "the code and the pinned data are exact. `ours from` names the report file and key each value "
         "is read from.",
     ]
-    for chapter, title in sorted(book.chapters.items()):
+    for chapter in _ordered(book.chapters):
+        title = book.chapters[chapter]
         rows = [o for o in outcomes if o.figure.chapter == chapter]
         if not rows:
             continue
         lines += [
             "",
-            f"## Chapter {chapter}: {title}",
+            f"## {_heading(chapter)}: {title}",
             "",
             "| figure | where the book prints it | book | ours | tolerance | status | ours from |",
             "|---|---|---|---|---|---|---|",

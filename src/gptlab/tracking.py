@@ -44,6 +44,9 @@ SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
 # The key of a checkpoint's metadata that names the MLflow run which wrote it.
 # The tag naming the checkpoint a run wrote: the sha256 of its weights file.
 CHECKPOINT_TAG = "gptlab.checkpoint_sha256"
+# The tags grouping the runs of one `gptlab sweep` (the UI filters `tags.gptlab.sweep = 'spam'`).
+SWEEP_TAG = "gptlab.sweep"
+SWEEP_VARIANT_TAG = "gptlab.sweep_variant"
 # The most entries MLflow accepts in one log_batch call, per kind.
 _MAX_PARAMS = 100
 _MAX_METRICS = 1000
@@ -238,12 +241,16 @@ def stage_run(
     *,
     system_metrics: bool = True,
     run_name: str | None = None,
+    sweep: str | None = None,
+    sweep_variant: str | None = None,
 ) -> Iterator[StageRun]:
     """Open one MLflow run for a stage execution; it ends FAILED if the block raises (KILLED on Ctrl-C).
 
     The run is started by MLflow's fluent API (standard tags, system metrics when `system_metrics`);
     metrics, params and tags still go out in batches through a client. Under torchrun only rank 0
-    opens a run; the other processes get NULL_RUN.
+    opens a run; the other processes get NULL_RUN. A run of a `gptlab sweep` variant (`sweep`,
+    `sweep_variant`: tracking.sweep and tracking.sweep_variant) is tagged gptlab.sweep and
+    gptlab.sweep_variant and named <stage>/<variant>, so the UI lists a sweep's runs together.
     """
     if not is_main():
         yield NULL_RUN
@@ -257,10 +264,16 @@ def stage_run(
     client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(client, experiment)
     _close_dead_runs(client, experiment_id, stage)
+    tags = _run_tags(stage, params)
+    if sweep is not None:
+        tags[SWEEP_TAG] = sweep
+        if sweep_variant is not None:
+            tags[SWEEP_VARIANT_TAG] = sweep_variant
+            run_name = run_name or f"{stage}/{sweep_variant}"
     run = mlflow.start_run(
         experiment_id=experiment_id,
         run_name=run_name or stage,
-        tags=_run_tags(stage, params),
+        tags=tags,
         log_system_metrics=system_metrics,
     )
     stage_run = StageRun(client, run.info.run_id)
@@ -443,6 +456,45 @@ def _md5_file(path: Path) -> str:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def prepare_store(experiments: list[str]) -> None:
+    """Create the tracking store (a new SQLite file is migrated here, once) and the named experiments.
+
+    Before stages start in parallel (`gptlab sweep --jobs N`): processes that find an empty
+    SQLite file would each run MLflow's schema migrations on it at the same time, and fail.
+    """
+    uri = tracking_uri()
+    check_reachable(uri)
+    client = MlflowClient(tracking_uri=uri)
+    for name in experiments:
+        _experiment_id(client, name)
+
+
+def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict[str, Any]]:
+    """The newest run of `stage` per variant of `sweep` (tag gptlab.sweep), in the named MLflow experiments.
+
+    Each: its run id, status and `wall_seconds` (the training loop's time), keyed by variant.
+    """
+    client = MlflowClient(tracking_uri=tracking_uri())
+    ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
+    if not ids:
+        return {}
+    runs = client.search_runs(
+        ids,
+        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`gptlab.stage` = '{stage}'",
+        order_by=["attributes.start_time DESC"],
+    )
+    found: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        variant = run.data.tags.get(SWEEP_VARIANT_TAG)
+        if variant and variant not in found:
+            found[variant] = {
+                "run_id": run.info.run_id,
+                "status": run.info.status,
+                "wall_seconds": run.data.metrics.get("wall_seconds"),
+            }
+    return found
 
 
 # --- Logged models, the model registry, and models read back from MLflow (issue 12) ---

@@ -20,6 +20,7 @@ resume a stale one. The folder is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fcntl
 import hashlib
@@ -315,8 +316,7 @@ class Checkpointer:
         weights, state = load_training_checkpoint(path)
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"unknown training state format {state.get('format')!r}")
-        with torch.device("meta"):
-            reloaded = GPTModel(self.model.cfg)
+        reloaded = meta_twin(self.model)
         try:
             reloaded.load_state_dict(weights, assign=True)
         except RuntimeError as exc:
@@ -326,6 +326,20 @@ class Checkpointer:
         if not self._same_loss(probe_loss, state["probe_loss"]):
             raise CheckpointError("its weights do not give the loss recorded at save time")
         return weights, state
+
+
+def meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers live on the meta device (no storage).
+
+    The same modules as the model being trained, whatever wraps its layers (LoRA adapters
+    included), to load a checkpoint's tensors into with `assign=True`.
+    """
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    return copy.deepcopy(model, memo)
 
 
 # ---------------------------------------------------------------------- #

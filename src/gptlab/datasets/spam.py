@@ -149,6 +149,19 @@ class SpamDataset(Dataset):
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.input_ids[idx], self.label_ids[idx]
 
+    def reencode(self, tokenizer: tiktoken.Encoding, max_length: int) -> None:
+        """Encode the messages again, each cut to `max_length` tokens and padded to it (in place).
+
+        What the bonus script's SpamDataset does with a given max_length: a longer length keeps
+        more of a validation or test message than the tokenize stage's cut to the longest
+        training message did.
+        """
+        if max_length <= 0:
+            raise InputError(f"spam.max_length: expected a positive number of tokens, got {max_length}")
+        ids = pad_ids(encode_texts(self.texts, tokenizer), max_length)
+        self.input_ids = torch.from_numpy(ids.astype(np.int64))  # (n, max_length)
+        self.max_length = max_length
+
 
 def prepare(
     collection_path: Path | str,

@@ -1,0 +1,633 @@
+"""Sweeps: one stage's variants as queued DVC experiments, and the table that compares them.
+
+A sweep file (sweeps/<name>.yaml) names the stage to run, overrides that every
+variant shares (`base`, laid out like params.yaml) and the variants, each a set
+of overrides of its own, plus optional one-line notes:
+
+    stage: spam-finetune
+    base: {}
+    variants:
+      last_block: {}
+      lora: {spam: {trainable: lora}}
+    notes:
+      lora: appendix E
+
+`gptlab sweep <name>` checks every variant against the params schema (under a
+profile's overrides when given, e.g. the smoke profile), queues each one with
+`dvc exp run --queue --name <sweep>-<variant> -S ... <stage>`, runs the queue
+with `dvc queue start --jobs N`, waits for it, and writes
+reports/sweeps/<sweep>.csv and .md: one row per variant with the params that
+differ between variants, the trainable parameters, the stage's scores and the
+training time. DVC does the scheduling, the temporary workspaces and the
+bookkeeping: `dvc exp show` lists every variant. Each variant starts from the
+last commit (plus changes to tracked files): the stages before the swept one
+whose dvc.lock entry is up to date there are checked out from DVC's cache, the
+others run in every variant, so `gptlab sweep` says so before it queues.
+
+Each variant also sets `tracking.sweep` and `tracking.sweep_variant`, which the
+fine-tune stages list as params: every variant's fine-tune really runs (none is
+taken from the run-cache), and its MLflow run is tagged gptlab.sweep /
+gptlab.sweep_variant and named <stage>/<variant>, so the UI's filter
+`tags.gptlab.sweep = '<sweep>'` puts a sweep's runs side by side. The training
+time comes from those runs (a time is no DVC metric: it differs run to run).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptlab.config import Params
+from gptlab.errors import GptlabError, InputError
+from gptlab.files import atomic_path
+from gptlab.paths import REPORTS
+from gptlab.profiles import merge_overrides, set_arguments
+from gptlab.typed_config import ConfigError, build, flatten
+
+SWEEPS_DIR = Path("sweeps")
+# reports/sweeps/<sweep>.csv and .md
+SWEEP_REPORTS = REPORTS / "sweeps"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
+_SWEEP_KEYS = {"stage", "base", "variants", "notes", "description"}
+# Keys a sweep sets itself: never overridden by a sweep file, never a column of "what differs".
+_OWN_KEYS = ("tracking.sweep", "tracking.sweep_variant")
+# Experiment states in `dvc exp show --json` (the executor's), and those that are final.
+DONE = ("success", "failed")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One value of a variant's table row, read from a report file of its experiment's commit."""
+
+    name: str  # CSV column
+    title: str  # Markdown header
+    file: str  # the stage's report, project-relative
+    key: str  # dotted key in that JSON file
+    percent: bool = False  # a fraction shown as a percentage in the Markdown table
+
+
+# What a sweep of each stage tabulates; the stages a sweep can run.
+STAGE_COLUMNS: dict[str, tuple[Column, ...]] = {
+    "spam-finetune": (
+        Column("trainable_params", "trainable params", "reports/spam/counts.json", "trainable_params"),
+        Column("train_accuracy", "train acc", "reports/spam/metrics.json", "train.accuracy", True),
+        Column("val_accuracy", "val acc", "reports/spam/metrics.json", "val.accuracy", True),
+        Column("test_accuracy", "test acc", "reports/spam/metrics.json", "test.accuracy", True),
+    ),
+    "instruct-finetune": (
+        Column("trainable_params", "trainable params", "reports/instruct/counts.json", "trainable_params"),
+        Column("val_loss", "val loss", "reports/instruct/metrics.json", "val_loss"),
+        Column("test_loss", "test loss", "reports/instruct/metrics.json", "test_loss"),
+        Column("rougeL_f1", "ROUGE-L F1", "reports/instruct/metrics.json", "rougeL_f1"),
+    ),
+}
+# Params every table shows, whether or not they vary: whose weights the variants started from.
+ALWAYS_SHOWN = ("gpt2.source",)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep file, checked: every variant's overrides (profile + base + its own), flattened."""
+
+    name: str
+    stage: str
+    source: Path
+    variants: dict[str, dict[str, Any]]
+    # Each variant's own overrides (without the profile's and the base's): what it changes.
+    changes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    profile: str | None = None
+
+    @property
+    def overridden(self) -> list[str]:
+        """Every param some variant sets, in the order the file first sets them."""
+        keys: list[str] = []
+        for overrides in self.variants.values():
+            keys += [k for k in overrides if k not in keys and k not in _OWN_KEYS]
+        return keys
+
+    def experiment(self, variant: str) -> str:
+        """The DVC experiment name of a variant."""
+        return f"{self.name}-{variant}"
+
+    def set_arguments(self, variant: str) -> list[str]:
+        """`-S key=value` arguments of a variant, its sweep tags included."""
+        overrides = {**self.variants[variant], "tracking.sweep": self.name, "tracking.sweep_variant": variant}
+        return set_arguments(overrides)
+
+
+_UNSET = object()
+
+
+def _canonical(value: Any) -> str:
+    return "<unset>" if value is _UNSET else json.dumps(value, sort_keys=True)
+
+
+def sweep_path(name_or_path: str | Path) -> Path:
+    """A sweep file: the path itself, or sweeps/<name>.yaml for a bare name such as `spam`."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
+        path = SWEEPS_DIR / f"{path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")) if SWEEPS_DIR.is_dir() else []
+        raise InputError(f"sweep file {path} not found (sweeps here: {', '.join(known) or 'none'})")
+    return path
+
+
+def load_sweep(
+    path: Path,
+    params_file: Path,
+    *,
+    profile: Mapping[str, Any] | None = None,
+    profile_name: str | None = None,
+    name: str | None = None,
+) -> Sweep:
+    """Read a sweep file and check every variant, with the profile's and base overrides, against the schema."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: expected a mapping with `stage` and `variants`")
+    unknown = sorted(set(raw) - _SWEEP_KEYS)
+    if unknown:
+        raise InputError(f"{path}: unknown key {unknown[0]!r}; expected some of {sorted(_SWEEP_KEYS)}")
+    stage = raw.get("stage")
+    if stage not in STAGE_COLUMNS:
+        raise InputError(f"{path}: stage: expected one of {sorted(STAGE_COLUMNS)}, got {stage!r}")
+    sweep_name = name or path.stem
+    if not _NAME.fullmatch(sweep_name.replace("-", "_")):
+        raise InputError(
+            f"sweep name {sweep_name!r}: use lowercase letters, digits, '_' and '-' (it prefixes "
+            "the DVC experiment names)"
+        )
+    base = _mapping(raw.get("base"), f"{path}: base")
+    variants_raw = raw.get("variants")
+    if not isinstance(variants_raw, dict) or not variants_raw:
+        raise InputError(f"{path}: variants: expected a mapping of variant name to overrides")
+    notes = _mapping(raw.get("notes"), f"{path}: notes")
+    for variant, note in notes.items():
+        if variant not in variants_raw:
+            raise InputError(f"{path}: notes: {variant!r} is not one of the variants")
+        if not isinstance(note, str):
+            raise InputError(f"{path}: notes.{variant}: expected a string")
+    params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+    variants: dict[str, dict[str, Any]] = {}
+    changes: dict[str, dict[str, Any]] = {}
+    for variant, own in variants_raw.items():
+        where = f"{path}: variants.{variant}"
+        if not isinstance(variant, str) or not _NAME.fullmatch(variant):
+            raise InputError(f"{where}: a variant name is lowercase letters, digits and '_'")
+        own = _mapping(own, where)
+        layered = merge_overrides(merge_overrides(dict(profile or {}), base), own)
+        flat = flatten(layered)
+        taken = [key for key in _OWN_KEYS if key in flat]
+        if taken:
+            raise InputError(f"{where}: {taken[0]} is set by the sweep itself (the variant's name)")
+        try:
+            build(Params, merge_overrides(params, layered), "")
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        variants[variant] = flat
+        changes[variant] = flatten(own)
+    description = raw.get("description") or ""
+    if not isinstance(description, str):
+        raise InputError(f"{path}: description: expected a string")
+    return Sweep(
+        name=sweep_name,
+        stage=stage,
+        source=path,
+        variants=variants,
+        changes=changes,
+        notes=dict(notes),
+        description=description.strip(),
+        profile=profile_name,
+    )
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: expected a mapping laid out like params.yaml, got {type(value).__name__}")
+    return value
+
+
+# --------------------------------------------------------------------------- the queue
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@dataclass
+class Experiment:
+    """One experiment as `dvc exp show --json` describes it."""
+
+    name: str
+    state: str  # queued, running, success, failed (the executor's), or "" when DVC gives none
+    rev: str | None
+    params: dict[str, Any]
+    log: str | None = None
+
+
+class Dvc:
+    """The dvc commands a sweep runs, in the project, with the environment its experiments inherit."""
+
+    def __init__(self, project: Path, env: Mapping[str, str], dvc: str = "dvc") -> None:
+        self.project = project
+        self.env = dict(env)
+        self.dvc = dvc
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # Output goes through files, not pipes: `dvc queue start` leaves workers running that inherit
+        # its stdout and stderr, and reading a pipe would wait for them, i.e. for the whole queue.
+        with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+            returncode = subprocess.run(
+                [self.dvc, *args], cwd=self.project, env=self.env, stdout=stdout, stderr=stderr
+            ).returncode
+            stdout.seek(0)
+            stderr.seek(0)
+            proc = subprocess.CompletedProcess(args, returncode, stdout.read(), stderr.read())
+        if check and proc.returncode:
+            output = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise GptlabError(
+                f"`dvc {' '.join(args[:3])} ...` failed (exit {proc.returncode}): " + " / ".join(output[-3:])
+            )
+        return proc
+
+    def experiments(self) -> list[Experiment]:
+        """The experiments of HEAD, queued, running and done (`dvc exp show --json`)."""
+        shown = json.loads(self("exp", "show", "--json").stdout or "[]")
+        found: list[Experiment] = []
+        for row in shown:
+            for exp in row.get("experiments") or []:
+                revs = exp.get("revs") or [{}]
+                data = revs[0].get("data") or {}
+                executor = exp.get("executor") or {}
+                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+                found.append(
+                    Experiment(
+                        name=exp.get("name") or revs[0].get("name") or "",
+                        state=executor.get("state") or "",
+                        rev=revs[0].get("rev"),
+                        params=flatten(params),
+                        log=(executor.get("local") or {}).get("log"),
+                    )
+                )
+        return found
+
+    def workers(self) -> tuple[int, int] | None:
+        """(active, idle) queue workers, from `dvc queue status`; None when it does not say."""
+        out = self("queue", "status", check=False).stdout
+        found = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", out)
+        return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def shared_stage_warnings(sweep: Sweep, dvc: Dvc, project: Path) -> list[str]:
+    """Why the stages before the sweep's would run again in every variant, if they would.
+
+    A queued experiment starts from the last commit plus the changes to tracked files. The
+    stages whose dvc.lock entry is up to date there are checked out from DVC's cache; the
+    others run in each variant (DVC's run-cache restores only stages whose outputs are all
+    cached, here `download`). So: the workspace's stages up to date, and dvc.lock and reports/
+    committed (or at least tracked).
+    """
+    warnings = []
+    shown = dvc("status", "--with-deps", "--json", sweep.stage, check=False).stdout
+    try:
+        stale = sorted(name for name in json.loads(shown or "{}") if name.rpartition(":")[2] != sweep.stage)
+    except json.JSONDecodeError:
+        stale = []
+    if stale:
+        warnings.append(
+            f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} not up to date in this workspace: every "
+            f"variant runs {'it' if len(stale) == 1 else 'them'} again (with OpenAI's weights, load-gpt2 "
+            f"fetches them each time); run `dvc repro {stale[-1]}` and commit dvc.lock and reports/ first"
+        )
+    untracked = subprocess.run(
+        ["git", "ls-files", "--others", "--exclude-standard", "--", "dvc.lock", str(REPORTS)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    untracked = [path for path in untracked if not path.startswith(f"{SWEEP_REPORTS.as_posix()}/")]
+    if untracked:
+        warnings.append(
+            f"{len(untracked)} stage outputs are untracked by git ({', '.join(untracked[:3])}"
+            f"{', ...' if len(untracked) > 3 else ''}): queued experiments start from the last commit and "
+            "leave untracked files behind, so the stages that wrote them run again; commit them first"
+        )
+    if sweep.profile:
+        warnings.append(
+            f"on the {sweep.profile} profile, the stages before {sweep.stage} run in every variant: "
+            "their params differ from your dvc.lock's, and DVC takes from its run-cache only stages "
+            "whose outputs are all cached (download)"
+        )
+    return warnings
+
+
+def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False, out: Any = sys.stdout) -> None:
+    """Queue every variant as `dvc exp run --queue`; names already taken need `replace`."""
+    names = {sweep.experiment(v) for v in sweep.variants}
+    for _attempt in range(5):
+        taken = [e for e in dvc.experiments() if e.name in names]
+        if not taken:
+            break
+        running = sorted(e.name for e in taken if e.state == "running")
+        if running:
+            raise GptlabError(
+                f"experiments {', '.join(running)} are running: wait for them (`dvc queue status`) "
+                "or stop them (`dvc queue kill NAME`) first"
+            )
+        if not replace:
+            raise GptlabError(
+                f"experiments named {', '.join(sorted(e.name for e in taken))} exist already: pass "
+                "--replace to remove them and run the sweep again, or --name to run it under another name"
+            )
+        # A name can be queued twice (DVC checks names against finished experiments only).
+        dvc("exp", "remove", *sorted({e.name for e in taken}))
+        print(f"removed the earlier {', '.join(sorted({e.name for e in taken}))}", file=out, flush=True)
+    else:
+        raise GptlabError(f"could not remove the earlier experiments named {', '.join(sorted(names))}")
+    for variant in sweep.variants:
+        args = sweep.set_arguments(variant)
+        dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *args, sweep.stage)
+        own = sweep.changes.get(variant, {})
+        shown = " ".join(f"{k}={json.dumps(v)}" for k, v in own.items()) or "the base settings"
+        print(f"queued {sweep.experiment(variant)}: {shown}", file=out, flush=True)
+
+
+def run_queue(
+    sweep: Sweep,
+    dvc: Dvc,
+    *,
+    jobs: int,
+    poll_seconds: float = 5.0,
+    timeout: float | None = None,
+    out: Any = sys.stdout,
+) -> dict[str, Experiment]:
+    """`dvc queue start --jobs N`, then wait until every variant succeeded or failed.
+
+    Prints each change of state. Fails when the queue has no worker left while variants
+    are still queued, or after `timeout` seconds (the experiments go on: `dvc queue status`).
+    """
+    names = {sweep.experiment(v): v for v in sweep.variants}
+    dvc("queue", "start", "--jobs", str(jobs))
+    started = time.monotonic()
+    seen: dict[str, str] = {}
+    idle_polls = 0
+    while True:
+        current = {e.name: e for e in dvc.experiments() if e.name in names}
+        for name in names:
+            state = current[name].state if name in current else "queued"
+            if seen.get(name) != state:
+                seen[name] = state
+                done = sum(s in DONE for s in seen.values())
+                print(f"  {name}: {state or 'unknown'} ({done}/{len(names)} done)", file=out, flush=True)
+        if all(seen[name] in DONE for name in names):
+            return current
+        if timeout is not None and time.monotonic() - started > timeout:
+            raise GptlabError(
+                f"the sweep did not finish within {timeout:g} s; its experiments go on in DVC's queue "
+                "(`dvc queue status`); rerun `gptlab sweep` with --collect to write the table once done"
+            )
+        workers = dvc.workers()
+        if "running" not in seen.values() and workers == (0, 0):
+            idle_polls += 1
+            if idle_polls >= 3:  # give freshly started workers a moment to show up
+                raise GptlabError(
+                    "DVC's queue has no worker while variants are still queued: start one with "
+                    f"`dvc queue start --jobs {jobs}`, then rerun `gptlab sweep` with --collect"
+                )
+        else:
+            idle_polls = 0
+        time.sleep(poll_seconds)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Row:
+    variant: str
+    experiment: str
+    status: str
+    params: dict[str, Any]
+    values: dict[str, Any]
+    wall_seconds: float | None = None
+    mlflow_run_id: str | None = None
+    log: str | None = None
+
+
+def collect(
+    sweep: Sweep,
+    experiments: Mapping[str, Experiment],
+    project: Path,
+    runs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Row]:
+    """One row per variant: its params, the stage's values from its commit, and its MLflow run's time."""
+    rows = []
+    for variant in sweep.variants:
+        name = sweep.experiment(variant)
+        exp = experiments.get(name)
+        if exp is None:
+            rows.append(Row(variant, name, "missing", {}, {}))
+            continue
+        values: dict[str, Any] = {}
+        if exp.state == "success" and exp.rev:
+            reports: dict[str, Any] = {}
+            for column in STAGE_COLUMNS[sweep.stage]:
+                if column.file not in reports:
+                    reports[column.file] = _report_at(project, exp.rev, column.file)
+                values[column.name] = _dotted(reports[column.file], column.key)
+        run = (runs or {}).get(variant) or {}
+        rows.append(
+            Row(
+                variant,
+                name,
+                exp.state or "unknown",
+                exp.params,
+                values,
+                wall_seconds=run.get("wall_seconds"),
+                mlflow_run_id=run.get("run_id"),
+                log=exp.log,
+            )
+        )
+    return rows
+
+
+def _report_at(project: Path, rev: str, file: str) -> Any:
+    """A JSON report as the experiment's commit holds it (None when it holds none)."""
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:{file}"], cwd=project, capture_output=True, text=True, check=False
+    )
+    if shown.returncode:
+        return None
+    try:
+        return json.loads(shown.stdout)
+    except json.JSONDecodeError:
+        return None
+
+
+def _dotted(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def table_columns(sweep: Sweep, rows: Sequence[Row]) -> list[str]:
+    """The params columns of the table: those some variant sets whose values differ, then ALWAYS_SHOWN.
+
+    The values are those the experiments ran with (a variant that sets a param to its
+    default does not make it differ).
+    """
+    known = [row.params for row in rows if row.params]
+    if known:
+        varied = [k for k in sweep.overridden if len({_canonical(p.get(k, _UNSET)) for p in known}) > 1]
+    else:  # nothing ran: what the file sets
+        values = sweep.variants.values()
+        varied = [k for k in sweep.overridden if len({_canonical(v.get(k, _UNSET)) for v in values}) > 1]
+    return varied + [key for key in ALWAYS_SHOWN if key not in varied]
+
+
+def to_csv(sweep: Sweep, rows: Sequence[Row]) -> str:
+    params = table_columns(sweep, rows)
+    columns = STAGE_COLUMNS[sweep.stage]
+    header = [
+        "variant",
+        "experiment",
+        "status",
+        *params,
+        *(c.name for c in columns),
+        "wall_seconds",
+        "mlflow_run_id",
+    ]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow(
+            [
+                row.variant,
+                row.experiment,
+                row.status,
+                *(_csv_value(row.params.get(key)) for key in params),
+                *(_csv_value(row.values.get(c.name)) for c in columns),
+                _csv_value(row.wall_seconds),
+                row.mlflow_run_id or "",
+            ]
+        )
+    return buffer.getvalue()
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def to_markdown(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, csv_name: str) -> str:
+    params = table_columns(sweep, rows)
+    columns = STAGE_COLUMNS[sweep.stage]
+    done = sum(r.status == "success" for r in rows)
+    lines = [
+        f"# Sweep `{sweep.name}`: {sweep.stage}, {len(rows)} variants",
+        "",
+    ]
+    if sweep.description:
+        lines += [sweep.description, ""]
+    lines += [
+        f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`"
+        + (f" on the `{sweep.profile}` profile" if sweep.profile else "")
+        + f"; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. "
+        f"The same rows, with full precision, are in `{csv_name}`.",
+        "",
+        f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its "
+        f"{sweep.stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named "
+        f"`{sweep.stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and "
+        "press Compare to see their params and curves side by side. The param columns are those "
+        "that differ between variants (and `gpt2.source`, whose weights they started from); "
+        "trainable params counts what the optimizer updated (LoRA: the adapters only); "
+        "training time is the training loop's wall time, from the MLflow run (it varies run to run).",
+        "",
+    ]
+    header = [
+        "variant",
+        *(f"`{key}`" for key in params),
+        *(c.title for c in columns),
+        "training time",
+        "status",
+    ]
+    if sweep.notes:
+        header.append("note")
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [
+            f"`{row.variant}`",
+            *(_md_value(row.params.get(key)) for key in params),
+            *(_md_number(row.values.get(c.name), c.percent) for c in columns),
+            "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f} s",
+            row.status if row.status != "failed" else f"failed (`dvc queue logs {row.experiment}`)",
+        ]
+        if sweep.notes:
+            cells.append(sweep.notes.get(row.variant, ""))
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _md_number(value: Any, percent: bool) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if percent:
+        return f"{value * 100:.2f} %"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4f}"
+
+
+def write_table(
+    sweep: Sweep, rows: Sequence[Row], out_dir: Path, *, commit: str | None = None
+) -> tuple[Path, Path]:
+    """reports/sweeps/<sweep>.csv and .md, each replaced in one step; returns their paths."""
+    csv_path, md_path = out_dir / f"{sweep.name}.csv", out_dir / f"{sweep.name}.md"
+    with atomic_path(csv_path) as tmp:
+        tmp.write_text(to_csv(sweep, rows), encoding="utf-8")
+    with atomic_path(md_path) as tmp:
+        tmp.write_text(to_markdown(sweep, rows, commit=commit, csv_name=csv_path.name), encoding="utf-8")
+    return csv_path, md_path
+
+
+def head_commit(project: Path) -> str | None:
+    """The project's HEAD, the baseline the experiments ran from (short)."""
+    shown = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True, check=False
+    )
+    if shown.returncode:
+        return None
+    return shown.stdout.strip() or None

@@ -1,0 +1,362 @@
+"""`gptlab sweep`: sweep files, the DVC queue, the table, the MLflow grouping; one tiny sweep end to end."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+import torch
+import yaml
+
+from gptlab.architecture import ModelConfig
+from gptlab.classifier import count_trainable, make_classifier
+from gptlab.errors import GptlabError, InputError
+from gptlab.lora import add_lora
+from gptlab.model import GPTModel
+from gptlab.profiles import merge_overrides
+from gptlab.sweep import (
+    Experiment,
+    Row,
+    Sweep,
+    load_sweep,
+    queue,
+    run_queue,
+    table_columns,
+    to_csv,
+    to_markdown,
+)
+from gptlab.typed_config import ConfigError
+
+from helpers import PROJECT_ROOT, copy_project, dvc, git
+
+PARAMS = PROJECT_ROOT / "params.yaml"
+
+
+def write_sweep(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_committed_spam_sweep_holds_the_books_variants() -> None:
+    sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
+    assert sweep.stage == "spam-finetune" and sweep.name == "spam"
+    changes = sweep.variants
+    trainables = {
+        (c.get("spam.trainable", "last_blocks"), c.get("spam.trainable_blocks", 1)) for c in changes.values()
+    }
+    assert {("head", 1), ("last_blocks", 1), ("last_blocks", 2), ("all", 1), ("lora", 1)} <= trainables
+    assert {"last", "first", "mean", "mean_all"} == {c.get("spam.pooling", "last") for c in changes.values()}
+    assert changes["lora_appendix_e"] == {
+        "spam.trainable": "lora",
+        "spam.lora.rank": 16,
+        "spam.lora.alpha": 16,
+        "spam.train.lr": 0.0008,
+    }
+    assert set(sweep.notes) <= set(sweep.variants)
+    # Every variant also holds under the smoke profile (`gptlab sweep spam --profile smoke`).
+    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
+    on_smoke = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, name="spam-smoke")
+    assert on_smoke.variants["lora"]["gpt2.source"] == "pretrain"
+    assert on_smoke.changes["lora"] == sweep.changes["lora"]  # what the variant itself changes
+    load_sweep(PROJECT_ROOT / "sweeps" / "instruct.yaml", PARAMS)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"stage": "spam-finetune", "variants": {"a": {}}, "grid": {}}, "unknown key 'grid'"),
+        ({"stage": "pretrain", "variants": {"a": {}}}, "stage: expected one of"),
+        ({"stage": "spam-finetune", "variants": {}}, "variants: expected a mapping"),
+        ({"stage": "spam-finetune", "variants": {"Bad-Name": {}}}, "variants.Bad-Name: a variant name"),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"spam": {"trainable": "some"}}}},
+            "variants.a: spam.trainable: expected one of",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"spam": {"lora": {"rank": 0}}}}},
+            "variants.a: spam.lora.rank: expected a positive integer",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"tracking": {"sweep": "x"}}}},
+            "tracking.sweep is set by the sweep itself",
+        ),
+        ({"stage": "spam-finetune", "variants": {"a": {}}, "notes": {"b": "x"}}, "notes: 'b' is not one"),
+        ({"stage": "spam-finetune", "base": [1], "variants": {"a": {}}}, "base: expected a mapping"),
+    ],
+)
+def test_sweep_file_mistakes_are_refused_naming_the_key(
+    tmp_path: Path, data: dict[str, Any], message: str
+) -> None:
+    with pytest.raises((InputError, ConfigError), match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_sweep(write_sweep(tmp_path / "s.yaml", data), PARAMS)
+
+
+def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Path) -> None:
+    path = write_sweep(
+        tmp_path / "mine.yaml",
+        {
+            "stage": "spam-finetune",
+            "base": {"spam": {"train": {"epochs": 2}}},
+            "variants": {"plain": {}, "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}}},
+        },
+    )
+    sweep = load_sweep(
+        path, PARAMS, profile={"gpt2": {"source": "pretrain"}, "spam": {"train": {"lr": 0.01}}}
+    )
+    assert sweep.name == "mine"
+    assert sweep.variants["plain"] == {
+        "gpt2.source": "pretrain",
+        "spam.train.lr": 0.01,
+        "spam.train.epochs": 2,
+    }
+    assert sweep.variants["lora"]["spam.train.epochs"] == 3 and sweep.changes["lora"] == {
+        "spam.trainable": "lora",
+        "spam.train.epochs": 3,
+    }
+    args = sweep.set_arguments("lora")
+    assert args[-4:] == ["-S", 'tracking.sweep="mine"', "-S", 'tracking.sweep_variant="lora"']
+    assert sweep.experiment("lora") == "mine-lora"
+
+
+class FakeDvc:
+    """The dvc commands a sweep runs, answered from a script of `dvc exp show` states."""
+
+    def __init__(self, states: list[dict[str, str]], workers: tuple[int, int] = (1, 0)) -> None:
+        self.states = states
+        self.calls: list[tuple[str, ...]] = []
+        self._workers = workers
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        if args[:2] == ("exp", "remove"):
+            self.states = [{}] + self.states[1:]
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def experiments(self) -> list[Experiment]:
+        state = self.states[0] if len(self.states) == 1 else self.states.pop(0)
+        return [
+            Experiment(name, value, f"rev-{name}", {"spam.trainable": "all"}) for name, value in state.items()
+        ]
+
+    def workers(self) -> tuple[int, int]:
+        return self._workers
+
+
+def tiny_sweep() -> Sweep:
+    return Sweep(
+        name="s",
+        stage="spam-finetune",
+        source=Path("sweeps/s.yaml"),
+        variants={"a": {}, "b": {"spam.trainable": "lora"}},
+        changes={"a": {}, "b": {"spam.trainable": "lora"}},
+    )
+
+
+def test_names_taken_by_earlier_experiments_need_replace() -> None:
+    fake = FakeDvc([{"s-a": "success"}])
+    with pytest.raises(GptlabError, match="pass --replace"):
+        queue(tiny_sweep(), fake, out=io.StringIO())
+    assert not fake.calls
+
+    fake = FakeDvc([{"s-a": "failed"}, {}])
+    queue(tiny_sweep(), fake, replace=True, out=io.StringIO())
+    assert fake.calls[0] == ("exp", "remove", "s-a")
+    queued = [c for c in fake.calls if c[:3] == ("exp", "run", "--queue")]
+    assert [c[4] for c in queued] == ["s-a", "s-b"] and all(c[-1] == "spam-finetune" for c in queued)
+
+    with pytest.raises(GptlabError, match="are running"):
+        queue(tiny_sweep(), FakeDvc([{"s-b": "running"}]), replace=True, out=io.StringIO())
+
+
+def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done() -> None:
+    fake = FakeDvc(
+        [
+            {"s-a": "queued", "s-b": "queued"},
+            {"s-a": "running", "s-b": "queued"},
+            {"s-a": "success", "s-b": "queued"},
+            {"s-a": "success", "s-b": "failed"},
+        ]
+    )
+    out = io.StringIO()
+    found = run_queue(tiny_sweep(), fake, jobs=3, poll_seconds=0, out=out)
+    assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
+    assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
+    assert "s-b: failed (2/2 done)" in out.getvalue()
+
+
+def test_a_queue_without_workers_is_an_error_not_a_hang() -> None:
+    fake = FakeDvc([{"s-a": "queued", "s-b": "queued"}], workers=(0, 0))
+    with pytest.raises(GptlabError, match="no worker"):
+        run_queue(tiny_sweep(), fake, jobs=1, poll_seconds=0, out=io.StringIO())
+
+
+def test_table_shows_what_differs_and_marks_failures() -> None:
+    sweep = tiny_sweep()
+    base = {"spam.trainable": "all", "spam.pooling": "last", "gpt2.source": "pretrain"}
+    rows = [
+        Row(
+            "a",
+            "s-a",
+            "success",
+            base,
+            {"trainable_params": 1234, "train_accuracy": 0.5, "test_accuracy": 0.25},
+            3.21,
+            "r1",
+        ),
+        Row("b", "s-b", "failed", {**base, "spam.trainable": "lora"}, {}, None, None),
+    ]
+    assert table_columns(sweep, rows) == ["spam.trainable", "gpt2.source"]
+    text = to_csv(sweep, rows)
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert list(parsed[0]) == [
+        "variant",
+        "experiment",
+        "status",
+        "spam.trainable",
+        "gpt2.source",
+        "trainable_params",
+        "train_accuracy",
+        "val_accuracy",
+        "test_accuracy",
+        "wall_seconds",
+        "mlflow_run_id",
+    ]
+    assert parsed[0]["test_accuracy"] == "0.25" and parsed[0]["wall_seconds"] == "3.21"
+    assert parsed[1]["status"] == "failed" and parsed[1]["test_accuracy"] == ""
+    markdown = to_markdown(sweep, rows, commit="abc1234", csv_name="s.csv")
+    assert "| `a` | all | pretrain | 1,234 | 50.00 % | — | 25.00 % | 3.2 s | success |" in markdown
+    assert "failed (`dvc queue logs s-b`)" in markdown
+    assert "tags.gptlab.sweep = 's'" in markdown
+
+
+def test_sweep_outside_a_git_repository_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptlab.cli import main
+
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert main(["sweep", "spam"]) == 2
+
+
+# --------------------------------------------------------------------------- end to end
+
+# Smaller than the smoke profile: a 1-layer model pretrained for 2 steps, 16 messages per split.
+TINY_PARAMS = {
+    "tracking": {"experiment": "gptlab-sweep-test", "system_metrics": False, "log_models": False},
+    "tokenize": {"spam": {"max_rows": 16}, "instruct": {"max_records": 8}},
+    "pretrain": {
+        "model": {"context_length": 128, "emb_dim": 32, "n_layers": 1, "n_heads": 2},
+        "data": {"max_length": 128, "stride": 128},
+        "train": {"epochs": 1, "max_steps": 2, "checkpoint_every": 20},
+        "sample": {"max_new_tokens": 4},
+    },
+    "gpt2": {"source": "pretrain"},
+    "spam": {"trainable": "all", "train": {"epochs": 1, "lr": 0.002, "eval_freq": 1, "eval_iter": 1}},
+}
+VARIANTS = {
+    "full": {},
+    "lora": {"spam": {"trainable": "lora", "lora": {"rank": 4, "alpha": 8}}},
+    "mean_all": {"spam": {"pooling": "mean_all"}},
+}
+
+
+def expected_trainable() -> dict[str, int]:
+    """The tiny classifier's trainable parameters: all of them, or LoRA's (load-gpt2 adds qkv biases)."""
+    cfg = ModelConfig(vocab_size=50257, context_length=128, emb_dim=32, n_heads=2, n_layers=1, qkv_bias=True)
+    counts = {}
+    for variant, trainable in (("full", "all"), ("lora", "lora")):
+        with torch.device("meta"):
+            model = make_classifier(GPTModel(cfg), 2, trainable=trainable, trainable_blocks=1, seed=0)
+            if trainable == "lora":
+                add_lora(model, 4, 8)
+        counts[variant] = count_trainable(model)
+    counts["mean_all"] = counts["full"]
+    return counts
+
+
+@pytest.mark.slow
+def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs(
+    tmp_path: Path, shared_data: Path, isolated_tools: str
+) -> None:
+    """The recommended way: the shared stages run and committed once, then the variants in DVC's queue."""
+    project = tmp_path / "project"
+    copy_project(project)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(
+        yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
+    )
+    write_sweep(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
+    env = {
+        **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
+        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "OMP_NUM_THREADS": "1",  # tiny models: threads only add overhead on a shared CPU
+    }
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    dvc(project, "repro", "load-gpt2", env=env)
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "the shared stages, run once")
+
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "check"]
+    proc = subprocess.run(
+        [*gptlab, "--jobs", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "note:" not in proc.stderr, proc.stderr  # nothing shared runs again
+
+    # The table: one row per variant, its params, trainable count, accuracies and time.
+    rows = {row["variant"]: row for row in csv.DictReader((project / "reports/sweeps/check.csv").open())}
+    assert set(rows) == set(VARIANTS)
+    trainable = expected_trainable()
+    for variant, row in rows.items():
+        assert row["status"] == "success" and row["experiment"] == f"check-{variant}"
+        assert row["gpt2.source"] == "pretrain"
+        assert int(row["trainable_params"]) == trainable[variant], variant
+        for split in ("train", "val", "test"):
+            assert 0.0 <= float(row[f"{split}_accuracy"]) <= 1.0
+        assert float(row["wall_seconds"]) > 0
+    assert [rows[v]["spam.trainable"] for v in VARIANTS] == ["all", "lora", "all"]
+    assert [rows[v]["spam.pooling"] for v in VARIANTS] == ["last", "last", "mean_all"]
+    markdown = (project / "reports/sweeps/check.md").read_text()
+    assert all(f"| `{variant}` |" in markdown for variant in VARIANTS)
+
+    # DVC lists every variant as an experiment, with the sweep's params.
+    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    experiments = {e["name"]: e for row in shown for e in (row.get("experiments") or [])}
+    assert {f"check-{v}" for v in VARIANTS} <= set(experiments)
+    params = experiments["check-lora"]["revs"][0]["data"]["params"]["params.yaml"]["data"]
+    assert params["tracking"]["sweep"] == "check" and params["spam"]["lora"]["rank"] == 4
+
+    # MLflow: one run per variant, tagged with the sweep, named after the variant.
+    client = mlflow.MlflowClient(tracking_uri=isolated_tools)
+    experiment = client.get_experiment_by_name("gptlab-sweep-test")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.sweep` = 'check'")
+    assert sorted(r.data.tags["gptlab.sweep_variant"] for r in runs) == sorted(VARIANTS)
+    assert {r.info.run_name for r in runs} == {f"spam-finetune/{v}" for v in VARIANTS}
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    by_variant = {r.data.tags["gptlab.sweep_variant"]: r for r in runs}
+    for variant, row in rows.items():
+        run = by_variant[variant]
+        assert row["mlflow_run_id"] == run.info.run_id
+        assert float(row["wall_seconds"]) == pytest.approx(run.data.metrics["wall_seconds"])
+        assert int(run.data.tags["gptlab.trainable_params"]) == trainable[variant]
+    # The variants took the committed shared stages from DVC's cache: pretrain ran once, in the workspace.
+    pretrain = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
+    )
+    assert len(pretrain) == 1
+
+    # A second run under the same name is refused unless asked to replace the first.
+    again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "--replace" in again.stderr
