@@ -129,7 +129,7 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
 class FakeDvc:
     """The dvc commands a sweep runs, answered from a script of `dvc exp show` states."""
 
-    def __init__(self, states: list[dict[str, str]], workers: tuple[int, int] = (1, 0)) -> None:
+    def __init__(self, states: list[dict[str, str] | GptlabError], workers: tuple[int, int] = (1, 0)) -> None:
         self.states = states
         self.calls: list[tuple[str, ...]] = []
         self._workers = workers
@@ -142,6 +142,8 @@ class FakeDvc:
 
     def experiments(self) -> list[Experiment]:
         state = self.states[0] if len(self.states) == 1 else self.states.pop(0)
+        if isinstance(state, GptlabError):
+            raise state
         return [
             Experiment(name, value, f"rev-{name}", {"spam.trainable": "all"}) for name, value in state.items()
         ]
@@ -190,6 +192,24 @@ def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done() -> None
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
     assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
     assert "s-b: failed (2/2 done)" in out.getvalue()
+
+
+def test_a_passing_exp_show_failure_while_workers_start_is_polled_again() -> None:
+    vanished = GptlabError(
+        "`dvc exp show --json ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
+    )
+    fake = FakeDvc([{"s-a": "running", "s-b": "queued"}, vanished, {"s-a": "success", "s-b": "success"}])
+    found = run_queue(tiny_sweep(), fake, jobs=2, poll_seconds=0, out=io.StringIO())
+    assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "success"}
+
+    with pytest.raises(GptlabError, match="does not exist"):
+        run_queue(
+            tiny_sweep(),
+            FakeDvc([{"s-a": "running"}, *[vanished] * 6]),
+            jobs=2,
+            poll_seconds=0,
+            out=io.StringIO(),
+        )
 
 
 def test_a_queue_without_workers_is_an_error_not_a_hang() -> None:

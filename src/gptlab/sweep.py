@@ -367,6 +367,9 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False, out: Any = sys.stdou
         print(f"queued {sweep.experiment(variant)}: {shown}", file=out, flush=True)
 
 
+SHOW_ATTEMPTS = 5  # consecutive failed `dvc exp show` polls before the sweep gives up
+
+
 def run_queue(
     sweep: Sweep,
     dvc: Dvc,
@@ -386,8 +389,19 @@ def run_queue(
     started = time.monotonic()
     seen: dict[str, str] = {}
     idle_polls = 0
+    failed_polls = 0
     while True:
-        current = {e.name: e for e in dvc.experiments() if e.name in names}
+        try:
+            current = {e.name: e for e in dvc.experiments() if e.name in names}
+        except GptlabError:
+            # `dvc exp show` can fail while a worker creates or removes its temporary workspace
+            # (a folder vanishing under it); a later poll finds the queue settled again.
+            failed_polls += 1
+            if failed_polls >= SHOW_ATTEMPTS:
+                raise
+            time.sleep(poll_seconds)
+            continue
+        failed_polls = 0
         for name in names:
             state = current[name].state if name in current else "queued"
             if seen.get(name) != state:
