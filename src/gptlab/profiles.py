@@ -25,12 +25,17 @@ PROFILES_DIR = Path("profiles")
 
 def profile_path(name_or_path: str | Path) -> Path:
     """A profile file: the path itself, or profiles/<name>.yaml for a bare name such as `fast`."""
+    return named_yaml(name_or_path, PROFILES_DIR, "profile", "profiles")
+
+
+def named_yaml(name_or_path: str | Path, folder: Path, kind: str, plural: str) -> Path:
+    """The path itself, or folder/<name>.yaml for a bare name; a missing file names those there are."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
-        path = PROFILES_DIR / f"{path}.yaml"
+        path = folder / f"{path}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")) if PROFILES_DIR.is_dir() else []
-        raise InputError(f"profile {path} not found (profiles here: {', '.join(known) or 'none'})")
+        known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        raise InputError(f"{kind} {path} not found ({plural} here: {', '.join(known) or 'none'})")
     return path
 
 

@@ -53,7 +53,7 @@ from gptlab.config import Params
 from gptlab.errors import GptlabError, InputError
 from gptlab.files import atomic_path
 from gptlab.paths import REPORTS
-from gptlab.profiles import merge_overrides, set_arguments
+from gptlab.profiles import merge_overrides, named_yaml, set_arguments
 from gptlab.typed_config import ConfigError, build, flatten
 
 SWEEPS_DIR = Path("sweeps")
@@ -138,13 +138,7 @@ def _canonical(value: Any) -> str:
 
 def sweep_path(name_or_path: str | Path) -> Path:
     """A sweep file: the path itself, or sweeps/<name>.yaml for a bare name such as `spam`."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
-        path = SWEEPS_DIR / f"{path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")) if SWEEPS_DIR.is_dir() else []
-        raise InputError(f"sweep file {path} not found (sweeps here: {', '.join(known) or 'none'})")
-    return path
+    return named_yaml(name_or_path, SWEEPS_DIR, "sweep file", "sweeps")
 
 
 def load_sweep(
