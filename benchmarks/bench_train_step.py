@@ -325,12 +325,12 @@ def main() -> None:
         share = flops / seconds / rate
         mfu = f" {flops / seconds / (args.peak_tflops * 1e12):>6.1%}" if args.peak_tflops else ""
         print(
-            f"{name:<30} {seconds:>8.3f} {tokens / seconds:>9.1f} {book / seconds:>7.2f}x "
+            f"{name:<30} {seconds:>8.4g} {tokens / seconds:>9.1f} {book / seconds:>7.2f}x "
             f"{hf / seconds:>15.2f}x {share:>10.0%}{mfu}  ({precision})"
         )
     limit = flops / statistics.median(rates["fp32"])
     print(
-        f"{'the fp32 GEMM limit':<30} {limit:>8.3f} {tokens / limit:>9.1f} {book / limit:>7.2f}x {hf / limit:>15.2f}x {1:>10.0%}"
+        f"{'the fp32 GEMM limit':<30} {limit:>8.4g} {tokens / limit:>9.1f} {book / limit:>7.2f}x {hf / limit:>15.2f}x {1:>10.0%}"
     )
 
 
