@@ -70,6 +70,7 @@ def main() -> None:
             train_data,
             val_data,
             cfg=train_cfg,
+            checkpoints=params.checkpoints,
             loss_fn=language_model_loss(train_cfg.loss_kernel),
             run_dir=Path(run_dir),
         )

@@ -36,13 +36,9 @@ SPLITS = ("train", "val")
 def run(params: Params) -> None:
     cfg = params.eval
     processed_dir = Path(params.data.processed_dir)
-    raw_dir = Path(params.data.raw_dir)
     model, checkpoint_metadata = load_model(PRETRAIN_MODEL, resolve_device("auto"))
     context = model.cfg.context_length
-    tokenizer = gpt2_tokenizer(
-        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
-        raw_dir / params.data.sources.gpt2_encoder_json.path,
-    )
+    tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     tokens = {split: load_split(processed_dir, split) for split in SPLITS}
     data = {split: GPTDatasetV1(tokens[split], context, context) for split in SPLITS}
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}

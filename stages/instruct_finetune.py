@@ -30,7 +30,7 @@ import pandas as pd
 import tiktoken
 import torch
 
-from gptlab.checkpoint import load_model, read_config, save_model
+from gptlab.checkpoint import load_model, read_config
 from gptlab.chunked_loss import language_model_loss
 from gptlab.config import InstructConfig, Params
 from gptlab.datasets.instruct import (
@@ -41,9 +41,8 @@ from gptlab.datasets.instruct import (
     load_split,
     split_path,
 )
-from gptlab.distributed import is_main
 from gptlab.errors import InputError
-from gptlab.files import write_csv, write_json
+from gptlab.files import write_json
 from gptlab.judge import check_judge, judge_all, summarize
 from gptlab.lora import add_lora, has_lora, merge_lora
 from gptlab.losses import dataset_loss
@@ -53,20 +52,21 @@ from gptlab.responses import generate_responses, rouge_l
 from gptlab.runtime import autocast
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import StageRun, stage_run
-from gptlab.train import fit
-from gptlab.train_state import resume_folder
+from gptlab.tracking import StageRun
+from gptlab.train import TrainResult
+from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
 from gptlab.typed_config import flatten
 
 STAGE = "instruct-finetune"
 REPORT_DIR = REPORTS / "instruct"
 LOSS_COLUMNS = ["step", "tokens_seen", "train_loss", "val_loss"]
+# What answering and judging read: a crash while answering resumes after training even if they changed.
+NOT_TRAINING = ("judge", "max_new_tokens", "generate")
 
 
 def run(params: Params) -> None:
     cfg = params.instruct
     processed_dir = Path(params.data.processed_dir)
-    raw_dir = Path(params.data.raw_dir)
     base_dir = GPT2_MODELS / cfg.base_model
     # Fail before hours of training, not after: the judge, the base model, the data.
     if cfg.judge.enabled:
@@ -75,108 +75,57 @@ def run(params: Params) -> None:
     if base_cfg.num_classes is not None:
         raise InputError(f"{base_dir} is a classifier; instruct.base_model must name a GPT-2 language model")
     splits = {split: load_split(processed_dir, split) for split in SPLITS}
-    tokenizer = gpt2_tokenizer(
-        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
-        raw_dir / params.data.sources.gpt2_encoder_json.path,
-    )
+    tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     datasets = {split: InstructionDataset(records, tokenizer) for split, records in splits.items()}
     collate = functools.partial(
         instruction_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
     )
-    # Resumable state is keyed by what determines training only: a crash while answering or
-    # judging resumes after training, even if judge settings or the generation settings were changed.
-    training = {
-        k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("judge", "max_new_tokens", "generate")
-    }
-    inputs = [base_dir, *(split_path(processed_dir, split) for split in SPLITS)]
-    with (
-        stage_run(
-            STAGE,
-            params.tracking.experiment,
-            flatten(cfg, "instruct"),
-            system_metrics=params.tracking.system_metrics,
-            sweep=params.tracking.sweep,
-            sweep_variant=params.tracking.sweep_variant,
-        ) as tracker,
-        resume_folder(STAGE, training, inputs) as run_dir,
-    ):
-        tracker.link_upstream(base_dir, base_metadata)
-        tracker.log_input(
-            "instruct",
-            processed_dir / SUBDIR,
-            context="training",
-            profile={f"{split}_records": len(records) for split, records in splits.items()},
-        )
+    with training_run(
+        STAGE,
+        params,
+        logged=flatten(cfg, "instruct"),
+        fingerprint={k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINING},
+        inputs=[base_dir, *(split_path(processed_dir, split) for split in SPLITS)],
+        dataset=DatasetRead(
+            "instruct", processed_dir / SUBDIR, {f"{s}_records": len(r) for s, r in splits.items()}
+        ),
+        upstream=(base_dir, base_metadata),
+    ) as stage:
         model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
         if cfg.trainable == "lora":
             torch.manual_seed(cfg.train.seed)  # A's draws, reproducible
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        tracker.set_tags({"gptlab.trainable_params": trainable})
-        print(
-            f"{cfg.base_model}: {trainable:,} of {sum(p.numel() for p in model.parameters()):,} params train"
-            + (f" (LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha:g})" if cfg.trainable == "lora" else "")
-        )
+        trainable = stage.count_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
         torch.manual_seed(cfg.train.seed)  # the book seeds just before training (chapter 7)
-        result = fit(
-            model,
-            datasets["train"],
-            datasets["val"],
-            cfg=cfg.train,
-            loss_fn=language_model_loss(cfg.train.loss_kernel),
-            run_dir=run_dir,
-            collate_fn=collate,
-            tracker=tracker,
-        )
-        if not is_main():  # another torchrun process: rank 0 answers, scores and writes the outputs
+        loss_fn = language_model_loss(cfg.train.loss_kernel)
+        result = stage.fit(model, datasets["train"], datasets["val"], cfg.train, loss_fn, collate_fn=collate)
+        if not stage.main:  # another torchrun process: rank 0 answers, scores and writes the outputs
             return
         if has_lora(model):  # answered and saved as a plain GPT-2: chat, export and MLflow load it as is
             merge_lora(model)
         responses, metrics = _answer_and_score(model, tokenizer, cfg, splits["test"], datasets, collate)
-        metrics |= {
-            # The last evaluation of training, over eval_iter batches: the book's reported losses.
-            "final_train_loss": _finite(result.history[-1]["train_loss"]) if result.history else None,
-            "final_val_loss": _finite(result.history[-1]["val_loss"]) if result.history else None,
-        }
-        # Counts are no metrics to compare across experiments: they go to counts.json.
-        counts: dict[str, Any] = {
+        metrics, counts = _metrics_and_counts(metrics, result, trainable)
+        write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
+        _log_answers(stage.tracker, responses, judged=cfg.judge.enabled)
+        metadata = {
+            "stage": STAGE,
+            "base_model": cfg.base_model,
+            "base_metadata": base_metadata,
             "steps": result.steps,
             "tokens_seen": result.seen,
-            "trainable_params": trainable,
-            "test_records": metrics.pop("test_records"),
+            **trainable_metadata(cfg.trainable, trainable, cfg.lora),
+            "mask_prompt": cfg.mask_prompt,
+            "allowed_max_length": cfg.allowed_max_length,
         }
-        if "judge" in metrics:
-            judge = metrics.pop("judge")
-            metrics["judge"] = {"mean": judge["mean"]}
-            counts["judge"] = {k: v for k, v in judge.items() if k != "mean"}
-        save_model(
+        stage.publish(
             model,
             INSTRUCT_MODEL,
-            {
-                "stage": STAGE,
-                "base_model": cfg.base_model,
-                "base_metadata": base_metadata,
-                "steps": result.steps,
-                "tokens_seen": result.seen,
-                "trainable": cfg.trainable,
-                "trainable_params": trainable,
-                **(
-                    {"lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "merged": True}}
-                    if cfg.trainable == "lora"
-                    else {}
-                ),
-                "mask_prompt": cfg.mask_prompt,
-                "allowed_max_length": cfg.allowed_max_length,
-            },
+            metadata,
+            Reports(REPORT_DIR, metrics, counts, pd.DataFrame(result.history, columns=LOSS_COLUMNS)),
+            result,
+            kind="instruct",
+            model_defaults={"max_new_tokens": cfg.max_new_tokens},
         )
-        tracker.record_checkpoint(INSTRUCT_MODEL)
-        _write_reports(result.history, responses, metrics, counts)
-        _log(tracker, responses, metrics, counts, judged=cfg.judge.enabled, step=result.global_step)
-        tracker.log_metrics(
-            {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
-            step=result.global_step,
-        )
-        tracker.log_model("instruct", INSTRUCT_MODEL, params)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
@@ -226,30 +175,32 @@ def _answer_and_score(
     return responses, metrics
 
 
-def _write_reports(
-    history: list[dict[str, Any]],
-    responses: list[dict[str, Any]],
-    metrics: dict[str, Any],
-    counts: dict[str, Any],
-) -> None:
-    write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(history, columns=LOSS_COLUMNS))
-    write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
-    write_json(REPORT_DIR / "metrics.json", metrics, allow_nan=False)
-    write_json(REPORT_DIR / "counts.json", counts)
+def _metrics_and_counts(
+    scores: dict[str, Any], result: TrainResult, trainable: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DVC's metrics (losses, ROUGE-L, the judge's mean) and the counts beside them."""
+    metrics = {
+        **scores,
+        # The last evaluation of training, over eval_iter batches: the book's reported losses.
+        "final_train_loss": _finite(result.history[-1]["train_loss"]) if result.history else None,
+        "final_val_loss": _finite(result.history[-1]["val_loss"]) if result.history else None,
+    }
+    # Counts are no metrics to compare across experiments: they go to counts.json.
+    counts: dict[str, Any] = {
+        "steps": result.steps,
+        "tokens_seen": result.seen,
+        "trainable_params": trainable,
+        "test_records": metrics.pop("test_records"),
+    }
+    if "judge" in metrics:
+        judge = metrics.pop("judge")
+        metrics["judge"] = {"mean": judge["mean"]}
+        counts["judge"] = {k: v for k, v in judge.items() if k != "mean"}
+    return metrics, counts
 
 
-def _log(
-    tracker: StageRun,
-    responses: list[dict[str, Any]],
-    metrics: dict[str, Any],
-    counts: dict[str, Any],
-    *,
-    judged: bool,
-    step: int,
-) -> None:
-    """The metrics (at the last step), a table of every answer with its scores, and the reports (the model: log_model)."""
-    tracker.log_metrics({k: v for k, v in flatten(metrics).items() if v is not None}, step=step)
-    tracker.set_tags({f"gptlab.{name}": counts[name] for name in ("steps", "tokens_seen", "test_records")})
+def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: bool) -> None:
+    """A table of every answer with its scores, which the MLflow UI shows in its evaluation view."""
     table: dict[str, list[Any]] = {
         "instruction": [r["instruction"] for r in responses],
         "input": [r["input"] for r in responses],
@@ -260,7 +211,6 @@ def _log(
     if judged:
         table["judge_score"] = [r["judge_score"] for r in responses]
     tracker.log_table(table, "instruct/answers.json")
-    tracker.log_artifact(REPORT_DIR, "reports")
 
 
 def _finite(value: float) -> float | None:

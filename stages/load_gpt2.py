@@ -126,11 +126,7 @@ def run(params: Params) -> None:
     else:
         _, pretrain_metadata = read_config(PRETRAIN_MODEL)  # a clear error if pretrain has not run
         weights = dict.fromkeys(names)
-    sources = params.data.sources
-    raw_dir = Path(params.data.raw_dir)
-    tokenizer = gpt2_tokenizer(
-        raw_dir / sources.gpt2_vocab_bpe.path, raw_dir / sources.gpt2_encoder_json.path
-    )
+    tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     device = resolve_device("auto")
     logged = {
         **flatten(cfg, "gpt2"),

@@ -1,8 +1,8 @@
 """Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5).
 
 Reads the tokenize stage's data/processed/verdict/{train,val}.npy and writes
-the model to models/pretrain/ (its config, final metrics and MLflow run id travel
-with it), reports/pretrain/metrics.json (DVC metrics: the losses and perplexities),
+the model to models/pretrain/ (its config and final metrics travel with it),
+reports/pretrain/metrics.json (DVC metrics: the losses and perplexities),
 reports/pretrain/counts.json (steps, epochs, tokens seen), reports/pretrain/losses.csv
 (a DVC plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
 printed after each epoch. Interrupted runs resume from .gptlab/runs/pretrain/.
@@ -14,19 +14,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gptlab.checkpoint import save_model
 from gptlab.chunked_loss import language_model_loss
 from gptlab.config import Params, TrainConfig
 from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
-from gptlab.distributed import is_main
-from gptlab.files import write_csv, write_figure, write_json
+from gptlab.files import write_figure
 from gptlab.generate import generate_text
 from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
@@ -36,9 +33,7 @@ from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
-from gptlab.train import fit
-from gptlab.train_state import resume_folder
+from gptlab.training_stage import DatasetRead, Reports, training_run
 from gptlab.typed_config import flatten
 
 STAGE = "pretrain"
@@ -51,32 +46,21 @@ def run(params: Params) -> None:
     clock = LapClock()
     cfg = params.pretrain
     processed_dir = Path(params.data.processed_dir)
-    raw_dir = Path(params.data.raw_dir)
     model_cfg = cfg.model.resolve()
     tokens = {split: load_split(processed_dir, split) for split in SPLITS}
     data = {split: GPTDatasetV1(tokens[split], cfg.data.max_length, cfg.data.stride) for split in SPLITS}
-    tokenizer = gpt2_tokenizer(
-        raw_dir / params.data.sources.gpt2_vocab_bpe.path,
-        raw_dir / params.data.sources.gpt2_encoder_json.path,
-    )
-    fingerprint = {"pretrain": flatten(cfg), "model": model_cfg.to_dict()}
-    inputs = [split_path(processed_dir, split) for split in SPLITS]
-    logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")}
-    with (
-        stage_run(
-            STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
-        ) as tracker,
-        resume_folder(STAGE, fingerprint, inputs) as run_dir,
-    ):
-        tracker.log_input(
-            "verdict",
-            processed_dir / SUBDIR,
-            context="training",
-            profile={
-                **{f"{split}_tokens": len(ids) for split, ids in tokens.items()},
-                **{f"{split}_windows": len(dataset) for split, dataset in data.items()},
-            },
-        )
+    tokenizer = gpt2_tokenizer(*params.data.bpe_files())
+    sizes = {f"{split}_tokens": len(ids) for split, ids in tokens.items()}
+    sizes |= {f"{split}_windows": len(dataset) for split, dataset in data.items()}
+    with training_run(
+        STAGE,
+        params,
+        logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")},
+        fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict()},
+        inputs=[split_path(processed_dir, split) for split in SPLITS],
+        dataset=DatasetRead("verdict", processed_dir / SUBDIR, sizes),
+        swept=False,
+    ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
         model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
@@ -85,29 +69,21 @@ def run(params: Params) -> None:
         initial = split_losses(model, data, cfg.train)
         clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
-        tracker.log_metrics({f"initial_{name}": value for name, value in initial.items()}, step=0)
+        stage.tracker.log_metrics({f"initial_{name}": value for name, value in initial.items()}, step=0)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, str]:
             text = generate_text(trained, tokenizer, cfg.sample)
             print(f"epoch {epoch} sample: {text!r}")
             return {"sample": text}
 
-        result = fit(
-            model,
-            data["train"],
-            data["val"],
-            cfg=cfg.train,
-            loss_fn=language_model_loss(cfg.train.loss_kernel),
-            run_dir=run_dir,
-            tracker=tracker,
-            on_epoch_end=on_epoch_end,
-        )
+        loss_fn = language_model_loss(cfg.train.loss_kernel)
+        result = stage.fit(model, data["train"], data["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end)
         clock.lap("training")
-        if not is_main():  # another torchrun process: rank 0 writes the outputs
+        if not stage.main:  # another torchrun process: rank 0 writes the outputs
             return
         final = split_losses(model, data, cfg.train)
         clock.lap("final_losses")
-        metrics: dict[str, Any] = {
+        metrics = {
             **{f"initial_{name}": value for name, value in initial.items()},
             **{f"final_{name}": value for name, value in final.items()},
             **{f"final_{split}_perplexity": perplexity(final[f"{split}_loss"]) for split in SPLITS},
@@ -116,42 +92,29 @@ def run(params: Params) -> None:
             "last_eval_val_loss": result.history[-1]["val_loss"],
         }
         counts = {"steps": result.steps, "epochs": len(result.epochs), "tokens_seen": result.seen}
-        save_model(
+        figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
+        write_figure(REPORT_DIR / "loss.png", figure)
+        stage.tracker.log_figure(figure, "pretrain/loss.png")
+        samples = (f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs)
+        stage.tracker.log_text("\n\n".join(samples), "pretrain/samples.txt")
+        stage.publish(
             model,
             PRETRAIN_MODEL,
-            {
-                "stage": STAGE,
-                "params": flatten(cfg, "pretrain"),
-                "metrics": metrics,
-                "counts": counts,
+            {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
+            Reports(REPORT_DIR, metrics, counts, pd.DataFrame(result.history, columns=LOSS_COLUMNS)),
+            result,
+            kind="pretrain",
+            model_defaults={
+                "max_new_tokens": cfg.sample.max_new_tokens,
+                "temperature": cfg.sample.temperature,
+                "top_k": cfg.sample.top_k,
+                "seed": cfg.sample.seed,
             },
+            skip=("loss.png",),
         )
-        tracker.record_checkpoint(PRETRAIN_MODEL)
-        figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
-        write_json(REPORT_DIR / "metrics.json", metrics)
-        write_json(REPORT_DIR / "counts.json", counts)
-        write_csv(REPORT_DIR / "losses.csv", pd.DataFrame(result.history, columns=LOSS_COLUMNS))
-        write_figure(REPORT_DIR / "loss.png", figure)
-
-        samples = "\n\n".join(
-            f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs
-        )
-        # The initial losses went out at step 0, before training; the rest at the last step.
-        final_metrics = {k: v for k, v in metrics.items() if not k.startswith("initial_")}
-        tracker.log_metrics(final_metrics, step=result.global_step)
-        tracker.log_metrics(
-            {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
-            step=result.global_step,
-        )
-        tracker.set_tags({f"gptlab.{name}": value for name, value in counts.items()})
-        tracker.log_figure(figure, "pretrain/loss.png")
-        tracker.log_text(samples, "pretrain/samples.txt")
-        tracker.log_reports(REPORT_DIR, "pretrain/reports", skip=("loss.png",))
-        tracker.log_model("pretrain", PRETRAIN_MODEL, params)
         clock.lap("outputs_and_logging")
-        timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}
-        tracker.log_metrics(timings, step=result.global_step)
-        print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
+        stage.tracker.log_metrics(clock.metrics(), step=result.global_step)
+        print(f"seconds by phase: {json.dumps(clock.metrics())}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 

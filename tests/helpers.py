@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import shutil
@@ -17,7 +18,7 @@ import platformdirs
 import pytest
 import yaml
 
-from gptlab.config import Params, Sources, load_params
+from gptlab.config import CheckpointConfig, Params, Sources, TrainConfig, load_params
 from gptlab.fetch import MIRROR_ENV, FetchError, mirror_dir
 from gptlab.inputs import data_inputs, fetch_input
 
@@ -62,6 +63,16 @@ def committed_params() -> Params:
         path = Path(tmp) / "params.yaml"
         path.write_text(committed_params_text(), encoding="utf-8")
         return load_params(path)
+
+
+def train_config(**changes: Any) -> TrainConfig:
+    """The committed pretrain.train (the book's loop settings) on the CPU, with `changes`."""
+    return dataclasses.replace(committed_params().pretrain.train, device="cpu", **changes)
+
+
+def checkpoint_config(**changes: Any) -> CheckpointConfig:
+    """The committed checkpoints section (when to save, how many to keep), with `changes`."""
+    return dataclasses.replace(committed_params().checkpoints, **changes)
 
 
 def write_committed_params(project: Path) -> Path:

@@ -22,37 +22,19 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from gptlab.architecture import ModelConfig
 from gptlab.classifier import accuracy, classification_loss, count_examples, make_classifier
-from gptlab.config import TrainConfig
+from gptlab.data_order import evaluation_loader
 from gptlab.datasets.instruct import instruction_collate
 from gptlab.datasets.verdict import GPTDatasetV1, encode, split_text
 from gptlab.generate import generate
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer
-from gptlab.train import evaluation_loader, fit
+from gptlab.train import fit
 
-BOOK = TrainConfig(
-    batch_size=4,
-    epochs=3,
-    lr=5e-3,
-    weight_decay=0.1,
-    eval_freq=2,
-    eval_iter=2,
-    seed=123,
-    rng="book",
-    grad_clip=None,
-    warmup_steps=0,
-    lr_schedule="constant",
-    min_lr=0.0,
-    device="cpu",
-    precision="fp32",
-    fused_adamw=False,
-    loss_kernel="book",
-    compile=False,
-    checkpoint_every=1000,
-    keep_checkpoints=1,
-    max_steps=None,
-)
+from helpers import checkpoint_config, train_config
+
+BOOK = train_config(batch_size=4, epochs=3, lr=5e-3, eval_freq=2, eval_iter=2, rng="book")
+CHECKPOINTS = checkpoint_config(every_steps=1000, keep=1)
 TINY = ModelConfig(
     vocab_size=50257,
     context_length=16,
@@ -222,6 +204,7 @@ def test_chapter_5_loop(tmp_path: Path) -> None:
         train,
         val,
         cfg=BOOK,
+        checkpoints=CHECKPOINTS,
         loss_fn=next_token_loss,
         run_dir=tmp_path,
         on_epoch_end=greedy_sample,
@@ -271,6 +254,7 @@ def test_chapter_6_loop_with_accuracies(tmp_path: Path) -> None:
         train,
         val,
         cfg=BOOK,
+        checkpoints=CHECKPOINTS,
         loss_fn=classification_loss("last"),
         run_dir=tmp_path,
         seen_name="examples_seen",
@@ -307,7 +291,16 @@ def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
 
     ours_model = pretrained()
     torch.manual_seed(123)
-    ours = fit(ours_model, train, val, cfg=cfg, loss_fn=next_token_loss, run_dir=tmp_path, collate_fn=collate)
+    ours = fit(
+        ours_model,
+        train,
+        val,
+        cfg=cfg,
+        checkpoints=CHECKPOINTS,
+        loss_fn=next_token_loss,
+        run_dir=tmp_path,
+        collate_fn=collate,
+    )
     assert [r["train_loss"] for r in ours.history] == pytest.approx(book[0], abs=1e-6)
     assert [r["val_loss"] for r in ours.history] == pytest.approx(book[1], abs=1e-6)
     assert [r["tokens_seen"] for r in ours.history] == book[2]
@@ -315,9 +308,17 @@ def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
 
 def test_a_run_resumed_mid_epoch_replays_the_books_draws(tmp_path: Path) -> None:
     train, val = windows(22, seed=1), windows(5, seed=2)
-    cfg = dataclasses.replace(BOOK, checkpoint_every=3)
+    cfg, every_3 = BOOK, checkpoint_config(every_steps=3)
     torch.manual_seed(123)
-    full = fit(GPTModel(TINY), train, val, cfg=cfg, loss_fn=next_token_loss, run_dir=tmp_path / "full")
+    full = fit(
+        GPTModel(TINY),
+        train,
+        val,
+        cfg=cfg,
+        checkpoints=every_3,
+        loss_fn=next_token_loss,
+        run_dir=tmp_path / "full",
+    )
 
     calls = 0
 
@@ -331,9 +332,25 @@ def test_a_run_resumed_mid_epoch_replays_the_books_draws(tmp_path: Path) -> None
 
     torch.manual_seed(123)
     with pytest.raises(KeyboardInterrupt):
-        fit(GPTModel(TINY), train, val, cfg=cfg, loss_fn=crashing_loss, run_dir=tmp_path / "cut")
+        fit(
+            GPTModel(TINY),
+            train,
+            val,
+            cfg=cfg,
+            checkpoints=every_3,
+            loss_fn=crashing_loss,
+            run_dir=tmp_path / "cut",
+        )
     torch.manual_seed(999)  # whatever the RNG holds now, the resumed run restores its own
-    resumed = fit(GPTModel(TINY), train, val, cfg=cfg, loss_fn=next_token_loss, run_dir=tmp_path / "cut")
+    resumed = fit(
+        GPTModel(TINY),
+        train,
+        val,
+        cfg=cfg,
+        checkpoints=every_3,
+        loss_fn=next_token_loss,
+        run_dir=tmp_path / "cut",
+    )
     assert resumed.resumed_steps == 6
     assert resumed.history == full.history
 
@@ -352,7 +369,9 @@ def test_the_book_packages_chapter_5_unit_test(shared_data: Path, tmp_path: Path
     model = GPTModel(
         ModelConfig(context_length=256, drop_rate=0.1, qkv_bias=False, attention="masked_softmax")
     )
-    result = fit(model, train, val, cfg=cfg, loss_fn=next_token_loss, run_dir=tmp_path)
+    result = fit(
+        model, train, val, cfg=cfg, checkpoints=CHECKPOINTS, loss_fn=next_token_loss, run_dir=tmp_path
+    )
     train_losses = [r["train_loss"] for r in result.history]
     val_losses = [r["val_loss"] for r in result.history]
     assert round(train_losses[0], 1) == 7.6

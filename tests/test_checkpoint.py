@@ -10,22 +10,24 @@ import numpy as np
 import pytest
 import torch
 
-from gptlab import checkpoint, train_state
+from gptlab import checkpoint
 from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import cpu_weights, load_model, read_config, save_model
+from gptlab.checkpoint import (
+    CheckpointError,
+    cpu_weights,
+    list_checkpoints,
+    load_model,
+    load_training_checkpoint,
+    prune_checkpoints,
+    read_config,
+    remove_partial_checkpoints,
+    save_model,
+    save_training_checkpoint,
+)
+from gptlab.resume import resume_folder, run_fingerprint
 from gptlab.errors import GptlabError
 from gptlab.files import atomic_path
 from gptlab.model import GPTModel
-from gptlab.train_state import (
-    CheckpointError,
-    list_checkpoints,
-    load_training_checkpoint,
-    prune_checkpoints,
-    remove_partial_checkpoints,
-    resume_folder,
-    run_fingerprint,
-    save_training_checkpoint,
-)
 
 TINY = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
 
@@ -110,9 +112,9 @@ def test_a_save_over_an_existing_step_replaces_it(tmp_path: Path) -> None:
 
 def test_pickled_objects_are_refused_by_weights_only_loading(tmp_path: Path) -> None:
     path = save_checkpoint_of(tmp_path, 1, tiny_model(), {"ok": 1})
-    state = path / train_state.STATE_FILE
+    state = path / checkpoint.STATE_FILE
     torch.save({"evil": Path("x")}, state)
-    manifest = path / train_state.MANIFEST_FILE
+    manifest = path / checkpoint.MANIFEST_FILE
     recorded = json.loads(manifest.read_text())
     recorded["sizes"]["state.pt"] = state.stat().st_size
     manifest.write_text(json.dumps(recorded))
@@ -174,11 +176,11 @@ def test_a_second_trainer_of_the_same_run_is_refused(tmp_path: Path, monkeypatch
 def test_content_digest_tells_apart_what_reads_back_differently() -> None:
     state = {"w": torch.arange(6.0).reshape(2, 3), "steps": 3, "rng": (1, [2.5, None])}
     same = {"rng": (1, [2.5, None]), "steps": 3, "w": torch.arange(6.0).reshape(2, 3).clone()}
-    assert train_state.content_digest(state) == train_state.content_digest(same)  # key order does not count
+    assert checkpoint.content_digest(state) == checkpoint.content_digest(same)  # key order does not count
     for other in (
         {**state, "w": torch.arange(6.0).reshape(3, 2)},  # same bytes, other shape
         {**state, "w": torch.arange(6.0).reshape(2, 3).double()},
         {**state, "steps": 4},
         {**state, "rng": (1, (2.5, None))},
     ):
-        assert train_state.content_digest(other) != train_state.content_digest(state)
+        assert checkpoint.content_digest(other) != checkpoint.content_digest(state)

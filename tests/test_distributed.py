@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gptlab import train_state
+from gptlab import checkpoint
 from gptlab.checkpoint import WEIGHTS_FILE
+from gptlab.data_order import epoch_order, rank_order
 from gptlab.distributed import World, world
-from gptlab.train import epoch_order, rank_order
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, {tests_dir!r})
-from test_train import TRAIN, tiny_model, verdict_data
+from test_train import CHECKPOINTS, TRAIN, tiny_model, verdict_data
 
 from gptlab.distributed import world
 from gptlab.losses import next_token_loss
@@ -35,7 +35,9 @@ torch.set_num_threads(1)
 checkpoint_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 train_data, val_data = verdict_data()
 model = tiny_model()
-result = fit(model, train_data, val_data, cfg=TRAIN, loss_fn=next_token_loss, run_dir=checkpoint_dir)
+result = fit(
+    model, train_data, val_data, cfg=TRAIN, checkpoints=CHECKPOINTS, loss_fn=next_token_loss, run_dir=checkpoint_dir
+)
 state = model.state_dict()
 digest = hashlib.sha256(b"".join(state[k].numpy().tobytes() for k in sorted(state))).hexdigest()
 out.mkdir(parents=True, exist_ok=True)
@@ -95,9 +97,9 @@ def test_two_processes_train_in_step_and_resume_exactly(tmp_path: Path) -> None:
     assert [row["epoch"] for row in first[0]["epochs"]] == [1, 2]
 
     # Saves at steps 3 (epoch end), 4, 6 (epoch end, last); keep 2. Rank 0 wrote them all.
-    kept = train_state.list_checkpoints(checkpoint_dir)
+    kept = checkpoint.list_checkpoints(checkpoint_dir)
     assert [p.name for p in kept] == ["step-0000004", "step-0000006"]
-    _, state = train_state.load_training_checkpoint(kept[-1])
+    _, state = checkpoint.load_training_checkpoint(kept[-1])
     assert state["world_size"] == 2 and len(state["rank_rngs"]) == 2
 
     # Damage the last checkpoint (same size, other weights): rank 0 refuses and deletes it, every
@@ -111,4 +113,4 @@ def test_two_processes_train_in_step_and_resume_exactly(tmp_path: Path) -> None:
         assert rank["resumed_steps"] == 4
         assert rank["weights"] == first[0]["weights"]
         assert rank["history"] == history
-    assert [p.name for p in train_state.list_checkpoints(checkpoint_dir)] == ["step-0000004", "step-0000006"]
+    assert [p.name for p in checkpoint.list_checkpoints(checkpoint_dir)] == ["step-0000004", "step-0000006"]

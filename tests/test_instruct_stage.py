@@ -85,7 +85,8 @@ def write_params(project: Path, shared_data: Path, **judge: Any) -> None:
     instruct = params["instruct"]
     instruct["allowed_max_length"] = 128
     instruct["max_new_tokens"] = MAX_NEW_TOKENS
-    instruct["train"].update(batch_size=2, eval_freq=2, eval_iter=1, checkpoint_every=4, device="cpu")
+    instruct["train"].update(batch_size=2, eval_freq=2, eval_iter=1, device="cpu")
+    params["checkpoints"]["every_steps"] = 4
     instruct["judge"].update(judge)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -194,10 +195,10 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     artifacts = {
         a.path
-        for folder in ("", "model", "reports", "instruct")
+        for folder in ("", "model", "instruct", "instruct/reports")
         for a in client.list_artifacts(mlflow_run.info.run_id, folder)
     }
-    assert {"reports/metrics.json", "instruct/answers.json"} <= artifacts
+    assert {"instruct/reports/metrics.json", "instruct/answers.json"} <= artifacts
     # The checkpoint is the run's logged model, registered as gptlab-instruct (no second copy).
     assert not any(path.startswith("model") for path in artifacts)
     (version,) = client.search_model_versions("name = 'gptlab-instruct'")

@@ -13,7 +13,7 @@ from test_train import TRAIN
 from torch import nn
 from transformers import GPT2LMHeadModel
 
-from gptlab import train_state
+from gptlab import checkpoint
 from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import load_model, save_model
 from gptlab.classifier import class_logits, count_trainable, make_classifier
@@ -30,6 +30,8 @@ from gptlab.lora import (
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
 from gptlab.train import fit
+
+from helpers import checkpoint_config
 
 TINY = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
 # Per block: W_query, W_key, W_value, out_proj (d -> d) and the feed-forward's d -> 4d -> d.
@@ -166,9 +168,8 @@ def test_replace_linear_with_lora_recurses_like_the_books() -> None:
 
 def test_training_with_lora_checkpoints_and_resumes(tmp_path: Path) -> None:
     """The resumable training checkpoints hold the adapters; a rerun resumes from them exactly."""
-    cfg = dataclasses.replace(
-        TRAIN, batch_size=2, lr=1e-2, eval_iter=1, checkpoint_every=2, keep_checkpoints=5
-    )
+    cfg = dataclasses.replace(TRAIN, batch_size=2, lr=1e-2, eval_iter=1)
+    every_2 = checkpoint_config(every_steps=2, keep=5)
     data = torch.utils.data.TensorDataset(ids(8, 16, seed=5), ids(8, 16, seed=6))
     val = torch.utils.data.TensorDataset(ids(2, 16, seed=8), ids(2, 16, seed=9))
 
@@ -179,16 +180,18 @@ def test_training_with_lora_checkpoints_and_resumes(tmp_path: Path) -> None:
 
     reference = lora_model()
     run_dir = tmp_path / "run"
-    full = fit(reference, data, val, cfg=cfg, loss_fn=next_token_loss, run_dir=run_dir)
-    checkpoints = train_state.list_checkpoints(run_dir)
+    full = fit(reference, data, val, cfg=cfg, checkpoints=every_2, loss_fn=next_token_loss, run_dir=run_dir)
+    checkpoints = checkpoint.list_checkpoints(run_dir)
     assert [p.name for p in checkpoints] == ["step-0000002", "step-0000004", "step-0000006", "step-0000008"]
-    weights = train_state.load_training_checkpoint(checkpoints[0])[0]
+    weights = checkpoint.load_training_checkpoint(checkpoints[0])[0]
     assert any(name.endswith(".lora.B") for name in weights)  # the adapters, not merged weights
     for path in checkpoints[1:]:  # as if killed after step 2
         shutil.rmtree(path)
 
     resumed_model = lora_model()
-    resumed = fit(resumed_model, data, val, cfg=cfg, loss_fn=next_token_loss, run_dir=run_dir)
+    resumed = fit(
+        resumed_model, data, val, cfg=cfg, checkpoints=every_2, loss_fn=next_token_loss, run_dir=run_dir
+    )
     assert resumed.resumed_steps == 2
     assert resumed.history == full.history
     for (name, a), b in zip(resumed_model.state_dict().items(), reference.state_dict().values(), strict=True):

@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from gptlab.checkpoint import list_checkpoints
 from mlflow.tracking import MlflowClient
 
 from gptlab.checkpoint import load_model
 from gptlab.config import load_params
 from gptlab.plots import plot_losses
 from gptlab.tracking import tracking_uri, weights_sha256
-from gptlab.train_state import list_checkpoints
 from gptlab.typed_config import ConfigError
 from stages import pretrain as pretrain_stage
 
@@ -45,9 +45,8 @@ def tiny_params(project: Path) -> None:
     pretrain = params["pretrain"]
     pretrain["model"].update(context_length=32, emb_dim=32, n_layers=2, n_heads=2)
     pretrain["data"].update(max_length=32, stride=48)  # 4,612 training tokens: 96 windows, 12 batches
-    pretrain["train"].update(
-        batch_size=8, epochs=2, lr=0.005, eval_freq=4, eval_iter=2, checkpoint_every=4, device="cpu"
-    )
+    pretrain["train"].update(batch_size=8, epochs=2, lr=0.005, eval_freq=4, eval_iter=2, device="cpu")
+    params["checkpoints"]["every_steps"] = 4
     pretrain["sample"]["max_new_tokens"] = 6
     for sample in params["eval"]["samples"].values():
         sample["max_new_tokens"] = 5

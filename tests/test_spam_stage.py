@@ -50,9 +50,8 @@ def write_params(project: Path) -> None:
     params["tokenize"]["spam"]["max_rows"] = ROWS
     # A tiny random model learns from scratch: train all of it, faster, without dropout.
     params["spam"].update(trainable="all", drop_rate=0.0)
-    params["spam"]["train"].update(
-        epochs=EPOCHS, lr=1e-2, eval_freq=4, eval_iter=1, checkpoint_every=100, device="cpu"
-    )
+    params["spam"]["train"].update(epochs=EPOCHS, lr=1e-2, eval_freq=4, eval_iter=1, device="cpu")
+    params["checkpoints"]["every_steps"] = 100
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 

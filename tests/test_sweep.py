@@ -271,11 +271,12 @@ def test_sweep_outside_a_git_repository_is_refused(tmp_path: Path, monkeypatch: 
 # Smaller than the smoke profile: a 1-layer model pretrained for 2 steps, 16 messages per split.
 TINY_PARAMS = {
     "tracking": {"experiment": "gptlab-sweep-test", "system_metrics": False, "log_models": False},
+    "checkpoints": {"every_steps": 20},
     "tokenize": {"spam": {"max_rows": 16}, "instruct": {"max_records": 8}},
     "pretrain": {
         "model": {"context_length": 128, "emb_dim": 32, "n_layers": 1, "n_heads": 2},
         "data": {"max_length": 128, "stride": 128},
-        "train": {"epochs": 1, "max_steps": 2, "checkpoint_every": 20},
+        "train": {"epochs": 1, "max_steps": 2},
         "sample": {"max_new_tokens": 4},
     },
     "gpt2": {"source": "pretrain"},

@@ -27,7 +27,7 @@ from gptlab.tracking import dvc_md5, pipeline_run_id, stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
-from helpers import committed_params
+from helpers import checkpoint_config, committed_params, train_config
 
 
 def client() -> MlflowClient:
@@ -101,27 +101,8 @@ def test_artifacts_land_in_the_store(tmp_path: Path) -> None:
 def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path, tokenizer) -> None:
     ids = tokenizer.encode("Every effort moves you " * 60)
     train_data, val_data = GPTDatasetV1(ids[:200], 8, 8), GPTDatasetV1(ids[200:300], 8, 8)
-    cfg = TrainConfig(
-        batch_size=4,
-        epochs=2,
-        lr=1e-3,
-        weight_decay=0.1,
-        eval_freq=2,
-        eval_iter=1,
-        seed=1,
-        rng="per_epoch",
-        grad_clip=1.0,
-        warmup_steps=0,
-        lr_schedule="constant",
-        min_lr=0.0,
-        device="cpu",
-        precision="fp32",
-        fused_adamw=False,
-        loss_kernel="book",
-        compile=False,
-        checkpoint_every=3,
-        keep_checkpoints=1,
-        max_steps=None,
+    cfg = train_config(
+        batch_size=4, epochs=2, lr=1e-3, eval_freq=2, eval_iter=1, seed=1, rng="per_epoch", grad_clip=1.0
     )
     model_cfg = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1)
 
@@ -132,6 +113,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
             train_data,
             val_data,
             cfg=train_cfg,
+            checkpoints=checkpoint_config(every_steps=3, keep=1),
             loss_fn=next_token_loss,
             run_dir=tmp_path,
             tracker=run,

@@ -20,46 +20,29 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from gptlab import train_state
+from gptlab import checkpoint
 from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import WEIGHTS_FILE
-from gptlab.config import TrainConfig
+from gptlab.config import CheckpointConfig, TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.losses import IGNORE_INDEX, LossFn, average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
-from gptlab.train import count_tokens, epoch_order, fit, learning_rate
+from gptlab.data_order import epoch_order
+from gptlab.train import count_tokens, fit, learning_rate
 from gptlab.typed_config import ConfigError
 
-from helpers import inputs_dir
+from helpers import checkpoint_config, inputs_dir, train_config
 
 TESTS_DIR = Path(__file__).resolve().parent
 CONTEXT = 16
 TINY = ModelConfig(context_length=CONTEXT, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1)
 # 2 epochs x 6 batches of 4 windows; eval every 2 steps; checkpoints every 4 steps and at epoch ends.
-TRAIN = TrainConfig(
-    batch_size=4,
-    epochs=2,
-    lr=5e-3,
-    weight_decay=0.1,
-    eval_freq=2,
-    eval_iter=2,
-    seed=7,
-    rng="per_epoch",
-    grad_clip=None,
-    warmup_steps=0,
-    lr_schedule="constant",
-    min_lr=0.0,
-    device="cpu",
-    precision="fp32",
-    fused_adamw=True,
-    loss_kernel="book",
-    compile=False,
-    checkpoint_every=4,
-    keep_checkpoints=2,
-    max_steps=None,
+TRAIN = train_config(
+    batch_size=4, epochs=2, lr=5e-3, eval_freq=2, eval_iter=2, seed=7, rng="per_epoch", fused_adamw=True
 )
+CHECKPOINTS = checkpoint_config(every_steps=4, keep=2)
 
 
 def verdict_data() -> tuple[GPTDatasetV1, GPTDatasetV1]:
@@ -80,10 +63,25 @@ def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def run_fit(checkpoint_dir: Path, cfg: TrainConfig = TRAIN, loss_fn: LossFn = next_token_loss, **kwargs: Any):
+def run_fit(
+    checkpoint_dir: Path,
+    cfg: TrainConfig = TRAIN,
+    loss_fn: LossFn = next_token_loss,
+    checkpoints: CheckpointConfig = CHECKPOINTS,
+    **kwargs: Any,
+):
     train_data, val_data = verdict_data()
     model = tiny_model()
-    result = fit(model, train_data, val_data, cfg=cfg, loss_fn=loss_fn, run_dir=checkpoint_dir, **kwargs)
+    result = fit(
+        model,
+        train_data,
+        val_data,
+        cfg=cfg,
+        checkpoints=checkpoints,
+        loss_fn=loss_fn,
+        run_dir=checkpoint_dir,
+        **kwargs,
+    )
     return model, result
 
 
@@ -98,7 +96,15 @@ def subprocess_fit(checkpoint_dir: str, out: str, step_delay: float, threads: in
 
     train_data, val_data = verdict_data()
     model = tiny_model()
-    result = fit(model, train_data, val_data, cfg=TRAIN, loss_fn=slow_loss, run_dir=Path(checkpoint_dir))
+    result = fit(
+        model,
+        train_data,
+        val_data,
+        cfg=TRAIN,
+        checkpoints=CHECKPOINTS,
+        loss_fn=slow_loss,
+        run_dir=Path(checkpoint_dir),
+    )
     payload = {
         "history": result.history,
         "resumed_steps": result.resumed_steps,
@@ -159,8 +165,8 @@ def test_checkpoints_keep_the_newest_and_load_with_weights_only(reference, tmp_p
     weights, _ = reference
     run_fit(tmp_path)
     # Saves at steps 4, 6 (epoch end), 8, 12 (epoch end and last); keep 2.
-    assert [p.name for p in train_state.list_checkpoints(tmp_path)] == ["step-0000008", "step-0000012"]
-    loaded, state = train_state.load_training_checkpoint(tmp_path / "step-0000012")
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-0000008", "step-0000012"]
+    loaded, state = checkpoint.load_training_checkpoint(tmp_path / "step-0000012")
     assert all(torch.equal(weights[k], v) for k, v in loaded.items())
     assert state["progress"]["steps"] == 12 and state["progress"]["epoch"] == 2
     assert state["train_config"] == dataclasses.asdict(TRAIN)
@@ -177,7 +183,7 @@ def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: P
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ)
     deadline = time.monotonic() + 180
-    while not train_state.list_checkpoints(checkpoint_dir):
+    while not checkpoint.list_checkpoints(checkpoint_dir):
         assert proc.poll() is None, "the training subprocess ended before its first checkpoint"
         assert time.monotonic() < deadline, "no checkpoint appeared within 180 s"
         time.sleep(0.02)
@@ -185,7 +191,7 @@ def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: P
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not out.exists(), "training finished before it was killed; the test proved nothing"
-    survivors = train_state.list_checkpoints(checkpoint_dir)
+    survivors = checkpoint.list_checkpoints(checkpoint_dir)
     assert survivors and int(survivors[-1].name.removeprefix("step-")) < result.steps
 
     rerun = subprocess.run([sys.executable, "-c", code.replace("0.15,", "0.0,")], env=os.environ, timeout=300)
@@ -194,6 +200,30 @@ def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: P
     assert resumed["resumed_steps"] > 0
     assert resumed["history"] == result.history  # floats survive JSON exactly (repr round trip)
     assert resumed["weights_sum"] == float(sum(v.double().sum() for v in weights.values()))
+
+
+def test_another_checkpoint_cadence_after_a_crash_still_resumes_to_the_same_numbers(
+    reference, tmp_path: Path
+) -> None:
+    weights, result = reference
+    trained = []
+
+    def crashes_at_step_7(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        if model.training:
+            trained.append(len(trained))
+            if len(trained) == 8:
+                raise RuntimeError("crash")
+        return next_token_loss(model, batch)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        run_fit(tmp_path, loss_fn=crashes_at_step_7)  # saved after 4 and 6 steps
+    # Saving is operational: another cadence and retention resume the same run.
+    model, resumed = run_fit(
+        tmp_path, checkpoints=checkpoint_config(every_steps=None, every_minutes=60, keep=1)
+    )
+    assert resumed.resumed_steps == 6
+    assert resumed.history == result.history
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 
 def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
@@ -213,7 +243,7 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(
     assert "does not match the SHA-256 recorded when it was saved" in err
     assert resumed.resumed_steps == 6
     assert resumed.history == result.history[:4]  # steps 7 and 8 redone exactly
-    train_state.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
+    checkpoint.load_training_checkpoint(tmp_path / "step-0000008")  # the refused one was replaced
 
 
 def test_weights_that_match_their_digest_but_not_the_recorded_loss_are_refused(
@@ -226,10 +256,10 @@ def test_weights_that_match_their_digest_but_not_the_recorded_loss_are_refused(
     weights = load_file(str(path / WEIGHTS_FILE))
     weights["final_norm.scale"] = weights["final_norm.scale"] * 2  # other weights, under a forged digest
     save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-    manifest = json.loads((path / train_state.MANIFEST_FILE).read_text())
+    manifest = json.loads((path / checkpoint.MANIFEST_FILE).read_text())
     manifest["sizes"][WEIGHTS_FILE] = (path / WEIGHTS_FILE).stat().st_size
-    manifest["sha256"][WEIGHTS_FILE] = train_state.content_digest(weights)
-    (path / train_state.MANIFEST_FILE).write_text(json.dumps(manifest))
+    manifest["sha256"][WEIGHTS_FILE] = checkpoint.content_digest(weights)
+    (path / checkpoint.MANIFEST_FILE).write_text(json.dumps(manifest))
 
     _, resumed = run_fit(tmp_path, cut)
     assert "do not give the loss recorded at save time" in capsys.readouterr().err
@@ -240,13 +270,13 @@ def test_weights_that_match_their_digest_but_not_the_recorded_loss_are_refused(
 def test_damaged_files_are_refused_naming_them(tmp_path: Path) -> None:
     run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=4))
     path = tmp_path / "step-0000004"
-    state = path / train_state.STATE_FILE
+    state = path / checkpoint.STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
-    with pytest.raises(train_state.CheckpointError, match=r"state\.pt: expected \d+ bytes, found 100 bytes"):
-        train_state.load_training_checkpoint(path)
-    (path / train_state.MANIFEST_FILE).unlink()
-    with pytest.raises(train_state.CheckpointError, match="manifest.json: missing or unreadable manifest"):
-        train_state.load_training_checkpoint(path)
+    with pytest.raises(checkpoint.CheckpointError, match=r"state\.pt: expected \d+ bytes, found 100 bytes"):
+        checkpoint.load_training_checkpoint(path)
+    (path / checkpoint.MANIFEST_FILE).unlink()
+    with pytest.raises(checkpoint.CheckpointError, match="manifest.json: missing or unreadable manifest"):
+        checkpoint.load_training_checkpoint(path)
 
 
 def test_partial_saves_are_cleaned_and_unreadable_checkpoints_skipped(
@@ -255,7 +285,7 @@ def test_partial_saves_are_cleaned_and_unreadable_checkpoints_skipped(
     _, result = reference
     cut = dataclasses.replace(TRAIN, max_steps=8)
     run_fit(tmp_path, cut)
-    (tmp_path / "step-0000008" / train_state.MANIFEST_FILE).unlink()
+    (tmp_path / "step-0000008" / checkpoint.MANIFEST_FILE).unlink()
     (tmp_path / ".step-0000010.abc.tmp").mkdir()  # what a kill during a save leaves
     _, resumed = run_fit(tmp_path, cut)
     err = capsys.readouterr().err
@@ -268,8 +298,9 @@ def test_partial_saves_are_cleaned_and_unreadable_checkpoints_skipped(
 def test_changed_settings_never_resume_a_stale_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=2, checkpoint_every=2))
-    _, result = run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=2, checkpoint_every=2, lr=2e-3))
+    every_2 = checkpoint_config(every_steps=2)
+    run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=2), checkpoints=every_2)
+    _, result = run_fit(tmp_path, dataclasses.replace(TRAIN, max_steps=2, lr=2e-3), checkpoints=every_2)
     assert result.resumed_steps == 0
     assert "different train settings" in capsys.readouterr().err
 
@@ -292,12 +323,13 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
             train_data,
             val_data,
             cfg=TRAIN,
+            checkpoints=CHECKPOINTS,
             loss_fn=explodes_at_step_6,
             run_dir=tmp_path,
         )
-    kept = train_state.list_checkpoints(tmp_path)
+    kept = checkpoint.list_checkpoints(tmp_path)
     assert [p.name for p in kept] == ["step-0000004", "step-0000006"]
-    _, state = train_state.load_training_checkpoint(kept[-1])
+    _, state = checkpoint.load_training_checkpoint(kept[-1])
     assert math.isfinite(state["probe_loss"])
 
 
@@ -352,6 +384,7 @@ def test_too_little_data_is_a_clear_error(tmp_path: Path) -> None:
             train_data,
             val_data,
             cfg=dataclasses.replace(TRAIN, batch_size=64),
+            checkpoints=CHECKPOINTS,
             loss_fn=next_token_loss,
             run_dir=tmp_path,
         )
@@ -384,16 +417,16 @@ def test_average_loss_matches_the_books_calc_loss_loader() -> None:
 
 def test_checkpoints_by_time_and_always_after_the_last_step(reference, tmp_path: Path) -> None:
     weights, result = reference
-    by_time = dataclasses.replace(TRAIN, checkpoint_every=None, checkpoint_minutes=1e6, keep_checkpoints=5)
-    _, timed = run_fit(tmp_path / "rare", by_time)
-    assert [p.name for p in train_state.list_checkpoints(tmp_path / "rare")] == ["step-0000012"]
+    by_time = checkpoint_config(every_steps=None, every_minutes=1e6, keep=5)
+    _, timed = run_fit(tmp_path / "rare", checkpoints=by_time)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "rare")] == ["step-0000012"]
     assert timed.history == result.history  # when it saves never changes the numbers
-    loaded, _ = train_state.load_training_checkpoint(tmp_path / "rare" / "step-0000012")
+    loaded, _ = checkpoint.load_training_checkpoint(tmp_path / "rare" / "step-0000012")
     assert all(torch.equal(weights[k], v) for k, v in loaded.items())
 
-    often = dataclasses.replace(by_time, checkpoint_minutes=1e-9)
-    run_fit(tmp_path / "often", often)
-    assert [p.name for p in train_state.list_checkpoints(tmp_path / "often")] == [
+    often = dataclasses.replace(by_time, every_minutes=1e-9)
+    run_fit(tmp_path / "often", checkpoints=often)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "often")] == [
         f"step-{s:07d}" for s in range(8, 13)
     ]
 
@@ -405,5 +438,5 @@ def test_a_failed_background_save_surfaces(tmp_path: Path) -> None:
 
 
 def test_a_run_without_any_checkpoint_schedule_is_refused() -> None:
-    with pytest.raises(ConfigError, match="checkpoint_every and checkpoint_minutes are both null"):
-        dataclasses.replace(TRAIN, checkpoint_every=None)
+    with pytest.raises(ConfigError, match="every_steps and every_minutes are both null"):
+        checkpoint_config(every_steps=None, every_minutes=None)

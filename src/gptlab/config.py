@@ -107,13 +107,8 @@ class TrainConfig:
     loss_kernel: Literal["book", "chunked"]
     # Train through torch.compile (first step pays a compile of ~1 min on CPU).
     compile: bool
-    # Resumable checkpoints (written in the background): every checkpoint_every optimizer steps
-    # and at epoch ends, and/or once checkpoint_minutes have passed since the last; and at the end.
-    checkpoint_every: int | None
-    keep_checkpoints: int
     # Stop after this many optimizer steps (smoke runs); null trains all epochs.
     max_steps: int | None
-    checkpoint_minutes: float | None = None
     # Batch size of full-split losses; null: the training batch, as the book (it averages
     # per-batch means, so another size changes the number).
     eval_batch_size: int | None = None
@@ -124,16 +119,12 @@ class TrainConfig:
             "epochs",
             "eval_freq",
             "eval_iter",
-            "keep_checkpoints",
         ):
             require(getattr(self, name) > 0, name, f"expected a positive integer, got {getattr(self, name)}")
-        for name in ("checkpoint_every", "checkpoint_minutes", "eval_batch_size"):
-            value = getattr(self, name)
-            require(value is None or value > 0, name, f"expected a positive number or null, got {value}")
         require(
-            self.checkpoint_every is not None or self.checkpoint_minutes is not None,
-            "checkpoint_every",
-            "checkpoint_every and checkpoint_minutes are both null: set one, so a crash can resume",
+            self.eval_batch_size is None or self.eval_batch_size > 0,
+            "eval_batch_size",
+            f"expected a positive integer or null, got {self.eval_batch_size}",
         )
         require(self.lr > 0, "lr", f"expected a positive float, got {self.lr}")
         require(self.weight_decay >= 0, "weight_decay", f"expected 0 or more, got {self.weight_decay}")
@@ -153,6 +144,32 @@ class TrainConfig:
             "max_steps",
             f"expected a positive integer or null, got {self.max_steps}",
         )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When the training loop saves its resumable state, and how many saves it keeps.
+
+    Operational: saving changes no number, so these are part of no stage's DVC params
+    and of no resume fingerprint; changing them between a crash and its rerun still resumes.
+    """
+
+    # Every this many optimizer steps and at epoch ends; null: by time only.
+    every_steps: int | None
+    # Once this many minutes have passed since the last save; null: by steps only.
+    every_minutes: float | None
+    keep: int
+
+    def __post_init__(self) -> None:
+        for name in ("every_steps", "every_minutes"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, f"expected a positive number or null, got {value}")
+        require(
+            self.every_steps is not None or self.every_minutes is not None,
+            "every_steps",
+            "every_steps and every_minutes are both null: set one, so a crash can resume",
+        )
+        require(self.keep > 0, "keep", f"expected a positive integer, got {self.keep}")
 
 
 # --------------------------------------------------------------------------- #
@@ -192,6 +209,11 @@ class DataConfig:
     raw_dir: str
     processed_dir: str
     sources: Sources
+
+    def bpe_files(self) -> tuple[Path, Path]:
+        """GPT-2's vocab.bpe and encoder.json as the download stage leaves them."""
+        raw = Path(self.raw_dir)
+        return raw / self.sources.gpt2_vocab_bpe.path, raw / self.sources.gpt2_encoder_json.path
 
 
 @dataclass(frozen=True)
@@ -464,6 +486,7 @@ class Params:
     """The whole of params.yaml."""
 
     tracking: TrackingConfig
+    checkpoints: CheckpointConfig
     data: DataConfig
     tokenize: TokenizeConfig
     pretrain: PretrainConfig

@@ -1,17 +1,17 @@
-"""Resumable training state: the whole life of a run's resume folder, and what goes into it.
+"""The life of a training run's resume folder: locked, saved into, verified, resumed, removed.
 
 A training run keeps its state under `.gptlab/runs/<stage>/<fingerprint>/`,
 outside DVC's outputs (DVC deletes those before rerunning a stage), keyed by a
-hash of everything that determines the run, so changed params or data never
-resume a stale one. The folder is
+hash of everything that determines the run's numbers, so changed params or data
+never resume a stale one (and operational settings, such as how often to save,
+never keep one from resuming). The folder is
 
 - created and locked when a stage starts training (`resume_folder`); a second
   process training the same run is refused, and the lock dies with its process;
-- filled by `Checkpointer.save`: weights, optimizer, RNG states and the position
-  in the data, copied to the CPU and then written all-or-nothing in a background
-  thread while training goes on, read back and checked against the copy's
-  SHA-256 before older checkpoints are pruned (a failure surfaces at the next
-  save or at `wait`);
+- filled by `Checkpointer.save`: the training state copied to the CPU, then
+  written (in gptlab.checkpoint's format) in a background thread while training
+  goes on, read back and checked against the copy's SHA-256 before older saves
+  are pruned (a failure surfaces at the next save or at `wait`);
 - read by `Checkpointer.resume` after a crash, checked again by its digests and
   by recomputing a loss, so the rerun ends with the same numbers as an
   uninterrupted run;
@@ -27,61 +27,36 @@ import hashlib
 import json
 import math
 import os
-import pickle
-import random
-import re
 import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
 from gptlab import distributed
-from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import WEIGHTS_FILE, cpu_weights, save_weights
-from gptlab.errors import GptlabError, InputError
-from gptlab.files import atomic_path, fsync_dir
+from gptlab.checkpoint import (
+    STATE_FORMAT,
+    CheckpointError,
+    Progress,
+    cpu_copy,
+    cpu_weights,
+    list_checkpoints,
+    load_training_checkpoint,
+    prune_checkpoints,
+    remove_partial_checkpoints,
+    save_training_checkpoint,
+)
+from gptlab.data_order import forked_rng, rng_state, set_rng_state
+from gptlab.errors import GptlabError
 from gptlab.model import GPTModel
 
 # Resumable training runs, one folder per stage and fingerprint (gitignored).
 RUNS_DIR = Path(".gptlab") / "runs"
-STATE_FILE = "state.pt"
-MANIFEST_FILE = "manifest.json"
-STATE_FORMAT = 1
-_STEP_DIR = re.compile(r"^step-(\d{7,})$")
-
-
-class CheckpointError(InputError):
-    """A training checkpoint that is incomplete, corrupted or does not fit the run."""
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    steps: int = 0  # optimizer steps taken
-    epoch: int = 0  # 0-based epoch in progress
-    batch: int = 0  # batches of that epoch already trained on
-    seen: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    # rng: book: the RNG state as the epoch in progress began, to replay its data order on resume.
-    epoch_rng: dict[str, Any] | None = None
-
-
-# ---------------------------------------------------------------------- #
-# The folder's life
-# ---------------------------------------------------------------------- #
 
 
 def run_fingerprint(config: Mapping[str, Any], inputs: Iterable[Path | str] = ()) -> str:
@@ -140,11 +115,6 @@ def _exclusive_lock(lock_path: Path, folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-# ---------------------------------------------------------------------- #
-# Saving, verifying and resuming
-# ---------------------------------------------------------------------- #
 
 
 class Checkpointer:
@@ -340,209 +310,3 @@ def meta_twin(model: nn.Module) -> nn.Module:
     for buffer in model.buffers():
         memo[id(buffer)] = torch.empty_like(buffer, device="meta")
     return copy.deepcopy(model, memo)
-
-
-# ---------------------------------------------------------------------- #
-# Checkpoint folders on disk
-# ---------------------------------------------------------------------- #
-
-
-def checkpoint_name(steps: int) -> str:
-    """Folder name of the checkpoint taken after `steps` optimizer steps."""
-    return f"step-{steps:07d}"
-
-
-def list_checkpoints(folder: Path | str) -> list[Path]:
-    """Complete (renamed into place) training checkpoints, oldest first."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def remove_partial_checkpoints(folder: Path | str) -> None:
-    """Delete the temporary folders a killed save left behind (they were never renamed into place)."""
-    folder = Path(folder)
-    if folder.is_dir():
-        for path in folder.glob(".step-*.tmp"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def prune_checkpoints(folder: Path | str, keep: int) -> None:
-    """Delete all but the newest `keep` training checkpoints."""
-    assert keep >= 1, "at least one checkpoint must be kept"
-    for path in list_checkpoints(folder)[:-keep]:
-        shutil.rmtree(path)
-
-
-def save_training_checkpoint(
-    folder: Path | str,
-    steps: int,
-    cfg: ModelConfig,
-    weights: dict[str, torch.Tensor],
-    state: Mapping[str, Any],
-) -> Path:
-    """Write weights (from `cpu_weights`) + training state as `folder/step-XXXXXXX/`, all or nothing.
-
-    Everything goes into a temporary folder that is renamed into place last, so
-    a `kill -9` at any moment leaves either the complete checkpoint or none.
-    `state` holds only tensors and plain Python values (weights_only loading).
-    The manifest records each file's size and the SHA-256 of what was to be
-    written (`content_digest`), which loading checks.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(steps)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
-    try:
-        save_weights(weights, cfg, tmp)
-        with atomic_path(tmp / STATE_FILE) as state_tmp:
-            torch.save(dict(state), state_tmp)
-        # Sizes catch truncated copies cheaply; the digests any other change of content.
-        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        digests = {WEIGHTS_FILE: content_digest(weights), STATE_FILE: content_digest(dict(state))}
-        manifest = {"sizes": sizes, "sha256": digests}
-        with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
-            manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        final = folder / name
-        if final.exists():  # from an earlier attempt at this step: move it aside, then swap
-            replaced = folder / f".{name}.replaced.tmp"
-            shutil.rmtree(replaced, ignore_errors=True)
-            os.replace(final, replaced)
-            os.replace(tmp, final)
-            shutil.rmtree(replaced)
-        else:
-            os.replace(tmp, final)
-        fsync_dir(folder)
-        return final
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def load_training_checkpoint(
-    directory: Path | str, device: torch.device | str = "cpu"
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The weights (state dict) and training state of a checkpoint; CheckpointError if damaged."""
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST_FILE
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        sizes, digests = manifest["sizes"], manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{manifest_path}: missing or unreadable manifest ({exc})") from exc
-    for name, size in sizes.items():
-        path = directory / name
-        actual = path.stat().st_size if path.is_file() else None
-        if actual != size:
-            raise CheckpointError(
-                f"{path}: expected {size} bytes, found {'no file' if actual is None else f'{actual} bytes'}"
-            )
-    weights_path = directory / WEIGHTS_FILE
-    try:
-        weights = load_file(str(weights_path), device=str(device))
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{weights_path}: unreadable weights ({exc})") from exc
-    state_path = directory / STATE_FILE
-    try:
-        state = torch.load(state_path, map_location=device, weights_only=True)
-    # RuntimeError: a damaged zip; UnpicklingError: anything but tensors and plain values.
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{state_path}: unreadable training state ({exc})") from exc
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{state_path}: expected a dict of training state, got {type(state).__name__}")
-    for path, content in ((weights_path, weights), (state_path, state)):
-        if content_digest(content) != digests.get(path.name):
-            raise CheckpointError(
-                f"{path}: its content does not match the SHA-256 recorded when it was saved"
-            )
-    return weights, state
-
-
-def content_digest(value: Any) -> str:
-    """SHA-256 of a nest of dicts, lists and tuples of tensors and plain values, as loaded back.
-
-    Tensors count by dtype, shape and bytes, on any device; dicts in key order
-    (safetensors does not keep the order they were saved in).
-    """
-    digest = hashlib.sha256()
-
-    def feed(item: Any) -> None:
-        if isinstance(item, torch.Tensor):
-            data = item.detach().to("cpu").contiguous()
-            digest.update(f"tensor {data.dtype} {tuple(data.shape)};".encode())
-            digest.update(data.reshape(-1).view(torch.uint8).numpy().data)
-        elif isinstance(item, Mapping):
-            digest.update(f"dict {len(item)};".encode())
-            for key in sorted(item, key=repr):
-                feed(key)
-                feed(item[key])
-        elif isinstance(item, list | tuple):
-            digest.update(f"{type(item).__name__} {len(item)};".encode())
-            for element in item:
-                feed(element)
-        else:
-            digest.update(f"{type(item).__name__} {item!r};".encode())
-
-    feed(value)
-    return digest.hexdigest()
-
-
-def cpu_copy(value: Any) -> Any:
-    """A copy of a nest of dicts, lists and tuples whose tensors are cloned to the CPU (and detached)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, Mapping):
-        return {key: cpu_copy(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(cpu_copy(item) for item in value)
-    return value
-
-
-# ---------------------------------------------------------------------- #
-# Random number generators
-# ---------------------------------------------------------------------- #
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    np.random.seed(seed)
-    random.seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain values, so torch.load(weights_only=True) reads it."""
-    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "python": random.getstate(),
-    }
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            numpy_state["keys"].numpy().astype(np.uint32),
-            numpy_state["pos"],
-            numpy_state["has_gauss"],
-            numpy_state["cached_gaussian"],
-        )
-    )
-    random.setstate(state["python"])
-
-
-def forked_rng(device: torch.device) -> Any:
-    """A block whose use of torch's RNG (CPU and the training GPU) is undone when it ends."""
-    return torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])

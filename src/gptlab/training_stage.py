@@ -1,0 +1,178 @@
+"""What the three training stages (pretrain, spam-finetune, instruct-finetune) do alike.
+
+Each opens its MLflow run and its resume folder, records what it read, trains
+with the shared loop, and on rank 0 publishes the same way: the checkpoint
+(named by its run), the reports folder DVC tracks, the same files and figures
+in MLflow, the loop's time, and the checkpoint as a registered MLflow model.
+The stage scripts keep only what is their chapter's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from torch import nn
+from torch.utils.data import Dataset
+
+from gptlab.checkpoint import save_model
+from gptlab.config import LoraConfig, Params, TrainConfig
+from gptlab.distributed import is_main
+from gptlab.files import write_csv, write_json
+from gptlab.losses import LossFn
+from gptlab.model import GPTModel
+from gptlab.registry import log_model
+from gptlab.resume import resume_folder
+from gptlab.timing import LapClock
+from gptlab.tracking import StageRun, stage_run
+from gptlab.train import TrainResult, fit
+from gptlab.typed_config import flatten
+
+
+@dataclass(frozen=True)
+class DatasetRead:
+    """A dataset a stage trains on, as its MLflow run records it: name, folder, split sizes."""
+
+    name: str
+    path: Path
+    profile: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Reports:
+    """A training stage's DVC outputs under reports/<name>/: metrics, counts and the loss curve."""
+
+    folder: Path
+    metrics: Mapping[str, Any]  # DVC metrics; logged to MLflow at the last step (initial_* were at step 0)
+    counts: Mapping[str, Any]  # counts.json; their scalars also as gptlab.<name> tags
+    losses: pd.DataFrame  # losses.csv, a DVC plot
+
+
+@dataclass
+class TrainingRun:
+    """One execution of a training stage: its MLflow run and its resume folder."""
+
+    params: Params
+    tracker: StageRun
+    run_dir: Path
+
+    @property
+    def main(self) -> bool:
+        """False on torchrun's other processes: they train, rank 0 alone publishes."""
+        return is_main()
+
+    def fit(
+        self, model: nn.Module, train: Dataset, val: Dataset, cfg: TrainConfig, loss_fn: LossFn, **kw: Any
+    ) -> TrainResult:
+        """The shared loop, resuming from this run's folder on the params' checkpoint cadence."""
+        return fit(
+            model,  # type: ignore[arg-type]
+            train,
+            val,
+            cfg=cfg,
+            checkpoints=self.params.checkpoints,
+            loss_fn=loss_fn,
+            run_dir=self.run_dir,
+            tracker=self.tracker,
+            **kw,
+        )
+
+    def count_trainable(self, model: nn.Module, base_model: str, trainable: str, lora: LoraConfig) -> int:
+        """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone)."""
+        count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.tracker.set_tags({"gptlab.base_model": base_model, "gptlab.trainable_params": count})
+        adapters = f" (LoRA rank {lora.rank}, alpha {lora.alpha:g})" if trainable == "lora" else ""
+        print(
+            f"{base_model}: {count:,} of {sum(p.numel() for p in model.parameters()):,} params train{adapters}"
+        )
+        return count
+
+    def publish(
+        self,
+        model: GPTModel,
+        model_dir: Path,
+        metadata: Mapping[str, Any],
+        reports: Reports,
+        result: TrainResult,
+        *,
+        kind: str,
+        model_defaults: Mapping[str, Any],
+        skip: tuple[str, ...] = (),
+    ) -> None:
+        """Write the checkpoint and the reports, and log both (and the loop's time) to MLflow.
+
+        `skip` names report files the stage logged itself (figures); `kind` and
+        `model_defaults` are those of the registered model (gptlab.registry).
+        """
+        save_model(model, model_dir, dict(metadata))
+        self.tracker.record_checkpoint(model_dir)
+        write_json(reports.folder / "metrics.json", reports.metrics)
+        write_json(reports.folder / "counts.json", reports.counts)
+        write_csv(reports.folder / "losses.csv", reports.losses)
+        final = {
+            k: v
+            for k, v in flatten(dict(reports.metrics)).items()
+            if not k.startswith("initial") and v is not None
+        }
+        self.tracker.log_metrics(final, step=result.global_step)
+        self.tracker.set_tags({f"gptlab.{k}": v for k, v in reports.counts.items() if isinstance(v, int)})
+        self.tracker.log_reports(reports.folder, f"{kind}/reports", skip=skip)
+        seen_per_second = f"{result.seen_name.removesuffix('_seen')}_per_second"
+        timing = {"wall_seconds": result.wall_seconds, seen_per_second: result.seen_per_second}
+        timing |= LapClock.as_metrics(result.phase_seconds, "seconds_training_")
+        # Time is no DVC metric (it differs run to run): MLflow only, as the sweep table reads it.
+        self.tracker.log_metrics(timing, step=result.global_step)
+        if self.params.tracking.log_models:
+            log_model(
+                self.tracker,
+                kind,
+                model_dir,
+                experiment=self.params.tracking.experiment,
+                bpe_files=self.params.data.bpe_files(),
+                defaults=model_defaults,
+            )
+
+
+def trainable_metadata(trainable: str, count: int, lora: LoraConfig) -> dict[str, Any]:
+    """What a fine-tuned checkpoint records of its training: LoRA's adapters are merged into it."""
+    merged = {"lora": {"rank": lora.rank, "alpha": lora.alpha, "merged": True}} if trainable == "lora" else {}
+    return {"trainable": trainable, "trainable_params": count, **merged}
+
+
+@contextmanager
+def training_run(
+    stage: str,
+    params: Params,
+    *,
+    logged: Mapping[str, Any],
+    fingerprint: Mapping[str, Any],
+    inputs: list[Path],
+    dataset: DatasetRead,
+    upstream: tuple[Path, Mapping[str, Any]] | None = None,
+    swept: bool = True,
+) -> Iterator[TrainingRun]:
+    """The stage's MLflow run (params `logged`) and its resume folder, for the block.
+
+    `fingerprint` and `inputs` key the resume folder: what determines the numbers.
+    `upstream` is the checkpoint the stage starts from and its metadata (linked to
+    the run that wrote it); `swept` stages are tagged with the `gptlab sweep` they
+    run in. The folder is removed once the block has published; after an error it
+    stays, so a rerun resumes.
+    """
+    tracking = params.tracking
+    sweep = {"sweep": tracking.sweep, "sweep_variant": tracking.sweep_variant} if swept else {}
+    run_params = {**logged, **flatten(params.checkpoints, "checkpoints")}
+    with (
+        stage_run(
+            stage, tracking.experiment, run_params, system_metrics=tracking.system_metrics, **sweep
+        ) as tracker,
+        resume_folder(stage, fingerprint, inputs) as run_dir,
+    ):
+        if upstream is not None:
+            tracker.link_upstream(*upstream)
+        tracker.log_input(dataset.name, dataset.path, context="training", profile=dataset.profile)
+        yield TrainingRun(params, tracker, run_dir)
