@@ -24,10 +24,10 @@ from gptlab.checkpoint import (
     save_model,
     save_training_checkpoint,
 )
-from gptlab.resume import resume_folder, run_fingerprint
 from gptlab.errors import GptlabError
 from gptlab.files import atomic_path
 from gptlab.model import GPTModel
+from gptlab.resume import resume_folder, run_fingerprint
 
 TINY = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from gptlab.checkpoint import list_checkpoints
 from mlflow.tracking import MlflowClient
 
-from gptlab.checkpoint import load_model
+from gptlab.checkpoint import list_checkpoints, load_model
 from gptlab.config import load_params
 from gptlab.plots import plot_losses
 from gptlab.tracking import tracking_uri, weights_sha256
@@ -201,6 +200,25 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     # The eval run links the pretrain run that wrote the checkpoint it scored (found by its weights).
     assert eval_run.data.tags["gptlab.upstream_run_id"] == resumed_run.info.run_id
     assert f"/runs/{resumed_run.info.run_id})" in eval_run.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_another_checkpoint_cadence_after_a_crash_resumes_and_reruns_no_stage(project: Path) -> None:
+    dvc(project, "repro", "tokenize")
+    kill_mid_run(project, delay=0.0)
+    params_file = project / "params.yaml"
+    params = yaml.safe_load(params_file.read_text())
+    params["checkpoints"].update(every_steps=None, every_minutes=30, keep=1)  # saving is operational
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    resumed = dvc(project, "repro", "pretrain")
+    assert "resuming from" in resumed.stderr + resumed.stdout
+    after_crash = snapshot(project)
+    params["checkpoints"].update(every_steps=2, every_minutes=None, keep=3)
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "Data and pipelines are up to date" in dvc(project, "status").stdout
+    dvc(project, "repro", "--force", "pretrain")  # uninterrupted, on yet another cadence
+    assert snapshot(project) == after_crash
 
 
 def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:

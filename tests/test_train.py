@@ -24,12 +24,12 @@ from gptlab import checkpoint
 from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import WEIGHTS_FILE
 from gptlab.config import CheckpointConfig, TrainConfig
+from gptlab.data_order import epoch_order
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.losses import IGNORE_INDEX, LossFn, average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import load_tokenizer
-from gptlab.data_order import epoch_order
 from gptlab.train import count_tokens, fit, learning_rate
 from gptlab.typed_config import ConfigError
 
