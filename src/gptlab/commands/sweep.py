@@ -16,6 +16,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gptlab.sweep import Sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,22 +59,20 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import sys
 
-    from gptlab.errors import GptlabError, InputError, describe_failure
-    from gptlab.profiles import experiment_env, load_overrides, profile_path
+    from gptlab.errors import GptlabError, InputError
+    from gptlab.profiles import experiment_env
     from gptlab.smoke import source_commit_env
     from gptlab.sweep import (
         SWEEP_REPORTS,
         Dvc,
         collect,
         head_commit,
-        load_sweep,
         queue,
         run_queue,
         shared_stage_warnings,
-        sweep_path,
         write_table,
     )
-    from gptlab.tracking import prepare_store, sweep_runs
+    from gptlab.tracking import prepare_store
 
     project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
@@ -83,19 +85,7 @@ def run(args: argparse.Namespace) -> int:
             "gptlab sweep runs DVC experiments, which start from a git commit: "
             "run it in a git repository with at least one commit"
         )
-    path = sweep_path(args.sweep)
-    profile, overrides = None, None
-    if args.profile:
-        profile = profile_path(args.profile)
-        overrides = load_overrides(profile, project / "params.yaml")
-    name = args.name or (f"{path.stem}-{profile.stem}" if profile else path.stem)
-    sweep = load_sweep(
-        path,
-        project / "params.yaml",
-        profile=_nested(overrides or {}),
-        profile_name=profile.stem if profile else None,
-        name=name,
-    )
+    path, sweep = _load_sweep(args, project)
     env = experiment_env(project)
     env.update(source_commit_env(project))
     local_dvc = Path(sys.executable).with_name("dvc")
@@ -121,18 +111,7 @@ def run(args: argparse.Namespace) -> int:
             return 130
     else:
         experiments = {e.name: e for e in dvc.experiments()}
-    mlflow_experiments = sorted(
-        {str(e.params.get("tracking.experiment")) for e in experiments.values() if e.params}
-    )
-    try:
-        with _env(env):
-            runs = sweep_runs(mlflow_experiments, sweep.name, sweep.stage) if mlflow_experiments else {}
-    except Exception as exc:  # noqa: BLE001 - the table is written without the times rather than lost
-        reason = (
-            describe_failure(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-        print(f"warning: no training times from MLflow ({reason})", file=sys.stderr)
-        runs = {}
+    runs = _training_runs(sweep, experiments, env)
     rows = collect(sweep, experiments, project, runs)
     csv_path, md_path = write_table(sweep, rows, args.out or SWEEP_REPORTS, commit=commit)
     print(f"\nwrote {md_path} and {csv_path}")
@@ -147,6 +126,51 @@ def run(args: argparse.Namespace) -> int:
             print(f"variant {row.variant}: {row.status} ({hint})", file=sys.stderr)
         return 1
     return 0
+
+
+def _load_sweep(args: argparse.Namespace, project: Path) -> tuple[Path, Sweep]:
+    """The sweep file named on the command line, checked with its profile against the params schema."""
+    from gptlab.profiles import load_overrides, profile_path
+    from gptlab.sweep import load_sweep, sweep_path
+
+    path = sweep_path(args.sweep)
+    profile, overrides = None, None
+    if args.profile:
+        profile = profile_path(args.profile)
+        overrides = load_overrides(profile, project / "params.yaml")
+    name = args.name or (f"{path.stem}-{profile.stem}" if profile else path.stem)
+    sweep = load_sweep(
+        path,
+        project / "params.yaml",
+        profile=_nested(overrides or {}),
+        profile_name=profile.stem if profile else None,
+        name=name,
+    )
+    return path, sweep
+
+
+def _training_runs(
+    sweep: Sweep, experiments: dict[str, Any], env: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """The variants' MLflow runs (their training times); none, with a warning, if MLflow cannot say."""
+    import sys
+
+    from gptlab.errors import describe_failure
+    from gptlab.tracking import sweep_runs
+
+    mlflow_experiments = sorted(
+        {str(e.params.get("tracking.experiment")) for e in experiments.values() if e.params}
+    )
+    try:
+        with _env(env):
+            runs = sweep_runs(mlflow_experiments, sweep.name, sweep.stage) if mlflow_experiments else {}
+    except Exception as exc:  # noqa: BLE001 - the table is written without the times rather than lost
+        reason = (
+            describe_failure(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
+        print(f"warning: no training times from MLflow ({reason})", file=sys.stderr)
+        runs = {}
+    return runs
 
 
 def _experiment_of(sweep: object, variant: str) -> object:
