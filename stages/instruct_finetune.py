@@ -49,6 +49,7 @@ from gptlab.lora import add_lora, has_lora, merge_lora
 from gptlab.losses import dataset_loss
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
+from gptlab.registry import log_model
 from gptlab.responses import generate_responses, rouge_l
 from gptlab.runtime import autocast
 from gptlab.stage import stage_main
@@ -176,7 +177,18 @@ def run(params: Params) -> None:
             {"wall_seconds": result.wall_seconds, "tokens_per_second": result.seen_per_second},
             step=result.global_step,
         )
-        tracker.log_model("instruct", INSTRUCT_MODEL, params)
+        if params.tracking.log_models:
+            log_model(
+                tracker,
+                "instruct",
+                INSTRUCT_MODEL,
+                experiment=params.tracking.experiment,
+                bpe_files=(
+                    raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+                    raw_dir / params.data.sources.gpt2_encoder_json.path,
+                ),
+                defaults={"max_new_tokens": cfg.max_new_tokens},
+            )
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 

@@ -32,6 +32,7 @@ from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
+from gptlab.registry import log_model
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.timing import LapClock
@@ -147,7 +148,23 @@ def run(params: Params) -> None:
         tracker.log_figure(figure, "pretrain/loss.png")
         tracker.log_text(samples, "pretrain/samples.txt")
         tracker.log_reports(REPORT_DIR, "pretrain/reports", skip=("loss.png",))
-        tracker.log_model("pretrain", PRETRAIN_MODEL, params)
+        if params.tracking.log_models:
+            log_model(
+                tracker,
+                "pretrain",
+                PRETRAIN_MODEL,
+                experiment=params.tracking.experiment,
+                bpe_files=(
+                    raw_dir / params.data.sources.gpt2_vocab_bpe.path,
+                    raw_dir / params.data.sources.gpt2_encoder_json.path,
+                ),
+                defaults={
+                    "max_new_tokens": cfg.sample.max_new_tokens,
+                    "temperature": cfg.sample.temperature,
+                    "top_k": cfg.sample.top_k,
+                    "seed": cfg.sample.seed,
+                },
+            )
         clock.lap("outputs_and_logging")
         timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}
         tracker.log_metrics(timings, step=result.global_step)

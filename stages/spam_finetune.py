@@ -47,6 +47,7 @@ from gptlab.lora import add_lora, has_lora, merge_lora
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.plots import plot_confusion_matrix
+from gptlab.registry import log_model
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
@@ -233,7 +234,18 @@ def run(params: Params) -> None:
             {"wall_seconds": result.wall_seconds, "examples_per_second": result.seen_per_second},
             step=result.global_step,
         )
-        tracker.log_model("spam", SPAM_MODEL, params)
+        if params.tracking.log_models:
+            log_model(
+                tracker,
+                "spam",
+                SPAM_MODEL,
+                experiment=params.tracking.experiment,
+                bpe_files=(
+                    Path(params.data.raw_dir) / params.data.sources.gpt2_vocab_bpe.path,
+                    Path(params.data.raw_dir) / params.data.sources.gpt2_encoder_json.path,
+                ),
+                defaults={},
+            )
 
 
 def _base_model(

@@ -21,9 +21,10 @@ from gptlab.architecture import ModelConfig
 from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
+from gptlab.lineage import dvc_md5, pipeline_run_id
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
-from gptlab.tracking import dvc_md5, pipeline_run_id, stage_run, tracking_uri
+from gptlab.tracking import stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
