@@ -14,15 +14,16 @@ With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -43,25 +44,44 @@ _MAX_PARAMS = 100
 _MAX_METRICS = 1000
 _MAX_TAGS = 100
 
+_P = ParamSpec("_P")
+
 
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
 
 
+def _live(method: Callable[Concatenate[StageRun, _P], None]) -> Callable[Concatenate[StageRun, _P], None]:
+    """The method does nothing on a run without an MLflow run (NULL_RUN): rank 0 logs for all."""
+
+    @functools.wraps(method)
+    def guarded(self: StageRun, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        if self.run_id is not None:
+            method(self, *args, **kwargs)
+
+    return guarded
+
+
 class StageRun:
-    """A live MLflow run. Metrics go out in batches: one call per evaluation step."""
+    """A stage's MLflow run. Metrics go out in batches: one call per evaluation step.
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
+    Without a run (client and run_id None: NULL_RUN, the tracker of a torchrun process
+    other than rank 0) every method does nothing.
+    """
+
+    def __init__(self, client: MlflowClient | None, run_id: str | None) -> None:
         self.client = client
-        self.run_id: str | None = run_id
+        self.run_id = run_id
 
+    @_live
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
         entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
         for i in range(0, len(entries), _MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
 
+    @_live
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
         """Log a metric history (e.g. a loss curve) in as few calls as possible."""
         now = int(time.time() * 1000)
@@ -74,29 +94,36 @@ class StageRun:
         for i in range(0, len(entries), _MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
 
+    @_live
     def log_params(self, params: Mapping[str, Any]) -> None:
         entries = [Param(k, _param_value(v)) for k, v in params.items()]
         for i in range(0, len(entries), _MAX_PARAMS):
             self.client.log_batch(self.run_id, params=entries[i : i + _MAX_PARAMS])
 
+    @_live
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         entries = [RunTag(k, str(v)) for k, v in tags.items()]
         for i in range(0, len(entries), _MAX_TAGS):
             self.client.log_batch(self.run_id, tags=entries[i : i + _MAX_TAGS])
 
+    @_live
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
+    @_live
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self.client.log_dict(self.run_id, data, artifact_file)
 
+    @_live
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         self.client.log_figure(self.run_id, figure, artifact_file)
 
+    @_live
     def log_table(self, data: Any, artifact_file: str) -> None:
         """A table (dict of columns or pandas DataFrame) the MLflow UI shows in its evaluation view."""
         self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
 
+    @_live
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         path = Path(path)
         if path.is_dir():
@@ -104,12 +131,14 @@ class StageRun:
         else:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @_live
     def log_reports(self, folder: Path | str, artifact_path: str, skip: tuple[str, ...] = ()) -> None:
         """The files of a stage's reports folder, except those (figures) already logged on their own."""
         for path in sorted(Path(folder).iterdir()):
             if path.is_file() and path.name not in skip:
                 self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @_live
     def log_input(
         self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
     ) -> None:
@@ -117,64 +146,18 @@ class StageRun:
         inputs = [lineage.dataset_input(name, path, context=context, profile=profile)]
         self.client.log_inputs(self.run_id, datasets=inputs)
 
+    @_live
     def record_checkpoint(self, checkpoint: Path | str) -> None:
         """Tag this run as the writer of `checkpoint`, by the sha256 of its weights."""
         self.set_tags(lineage.checkpoint_tags(checkpoint))
 
+    @_live
     def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
         """Tag (and link in the description) the run that wrote `checkpoint`, this run's upstream."""
         self.set_tags(lineage.upstream_tags(self.client, checkpoint, metadata))
 
 
-class NullRun(StageRun):
-    """The tracker of a torchrun process other than rank 0: it logs nothing (rank 0 logs for all)."""
-
-    def __init__(self) -> None:
-        self.run_id = None
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        pass
-
-    def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
-        pass
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        pass
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        pass
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        pass
-
-    def log_dict(self, data: Any, artifact_file: str) -> None:
-        pass
-
-    def log_figure(self, figure: Any, artifact_file: str) -> None:
-        pass
-
-    def log_table(self, data: Any, artifact_file: str) -> None:
-        pass
-
-    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_reports(self, folder: Path | str, artifact_path: str, skip: tuple[str, ...] = ()) -> None:
-        pass
-
-    def log_input(
-        self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
-    ) -> None:
-        pass
-
-    def record_checkpoint(self, checkpoint: Path | str) -> None:
-        pass
-
-    def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
-        pass
-
-
-NULL_RUN = NullRun()
+NULL_RUN = StageRun(None, None)
 
 
 @contextmanager
