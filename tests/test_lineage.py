@@ -15,8 +15,9 @@ from mlflow.tracking import MlflowClient
 from gptlab.checkpoint import read_config
 from gptlab.config import load_params
 from gptlab.datasets import instruct, verdict
+from gptlab.lineage import dvc_md5, weights_sha256
 from gptlab.tokenizer import load_tokenizer
-from gptlab.tracking import dvc_md5, tracking_uri, weights_sha256
+from gptlab.tracking import tracking_uri
 from stages import instruct_finetune, load_gpt2, pretrain
 
 from helpers import committed_params_raw

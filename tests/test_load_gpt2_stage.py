@@ -24,10 +24,10 @@ from gptlab.checkpoint import load_model, save_model
 from gptlab.config import load_params
 from gptlab.datasets.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
 from gptlab.fetch import FetchError, sha256_file
+from gptlab.lineage import weights_sha256
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
 from gptlab.runtime import ordered_loader
-from gptlab.tracking import weights_sha256
 from gptlab.typed_config import ConfigError
 from stages.load_gpt2 import run
 

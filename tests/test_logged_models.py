@@ -1,6 +1,6 @@
 """Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
 
-Each test logs tiny checkpoints through `StageRun.log_model` into its own SQLite
+Each test logs tiny checkpoints through `registry.log_model` into its own SQLite
 store (the conftest fixture), then reads them back as a user would: with
 `mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
 and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -24,8 +25,8 @@ from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import save_model
 from gptlab.classifier import classify_texts, make_classifier
 from gptlab.cli import main as gptlab_main
-from gptlab.config import Params
 from gptlab.model import GPTModel
+from gptlab.registry import log_model
 from gptlab.tracking import NULL_RUN, stage_run
 
 from helpers import PROJECT_ROOT, committed_params
@@ -64,14 +65,11 @@ def load_in_clean_process(uri: str, frame: dict, tmp_path: Path, params: dict | 
     return result["predictions"]
 
 
-def params_for(shared_data: Path, **tracking: object) -> Params:
-    """The committed params, with the BPE files read from the test inputs."""
-    params = committed_params()
-    return dataclasses.replace(
-        params,
-        data=dataclasses.replace(params.data, raw_dir=str(shared_data)),
-        tracking=dataclasses.replace(params.tracking, **tracking),
-    )
+def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
+    """log_model's experiment and GPT-2's BPE files (in the test inputs, where the committed params say)."""
+    sources = committed_params().data.sources
+    bpe = (shared_data / sources.gpt2_vocab_bpe.path, shared_data / sources.gpt2_encoder_json.path)
+    return {"experiment": experiment, "bpe_files": bpe}
 
 
 def tiny_classifier(directory: Path) -> GPTModel:
@@ -106,11 +104,12 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     model = tiny_classifier(tmp_path / "clf")
-    params = params_for(shared_data)
     runs = []
     for _ in range(2):  # two training runs: two versions
         with stage_run("spam-finetune", "gptlab", {}) as tracker:
-            uri = tracker.log_model("spam", tmp_path / "clf", params)
+            uri = log_model(
+                tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}
+            )
             runs.append((tracker.run_id, uri))
     capsys.readouterr()
 
@@ -178,11 +177,20 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
 
     monkeypatch.chdir(tmp_path)
     model = tiny_language_model(tmp_path / "lm")
-    params = params_for(shared_data)
+    params = committed_params()
+    logged = logged_to("gptlab", shared_data)
     with stage_run("instruct-finetune", "gptlab", {}) as tracker:
-        tracker.log_model("instruct", tmp_path / "lm", params)
+        log_model(
+            tracker,
+            "instruct",
+            tmp_path / "lm",
+            **logged,
+            defaults={"max_new_tokens": params.instruct.max_new_tokens},
+        )
     with stage_run("pretrain", "gptlab", {}) as tracker:
-        tracker.log_model("pretrain", tmp_path / "lm", params)
+        sample = dataclasses.asdict(params.pretrain.sample)
+        del sample["prompt"]
+        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample)
     capsys.readouterr()
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
@@ -218,15 +226,14 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
     assert "the model's max_new_tokens" in by_default.err  # capped to the tiny context, and said so
 
 
-def test_log_models_false_logs_and_registers_nothing(
+def test_the_disabled_run_logs_and_registers_nothing(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A torchrun rank other than 0 has NULL_RUN: its log_model returns None (rank 0 logs the model)."""
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
-    with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        assert tracker.log_model("spam", tmp_path / "clf", params_for(shared_data, log_models=False)) is None
-        run_id = tracker.run_id
-    assert NULL_RUN.log_model("spam", tmp_path / "clf", params_for(shared_data)) is None
+    assert (
+        log_model(NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}) is None
+    )
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.search_registered_models() == []
-    assert all_run_artifacts(client, run_id) == []

@@ -18,8 +18,9 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.checkpoint import list_checkpoints, load_model
 from gptlab.config import load_params
+from gptlab.lineage import weights_sha256
 from gptlab.plots import plot_losses
-from gptlab.tracking import tracking_uri, weights_sha256
+from gptlab.tracking import tracking_uri
 from gptlab.typed_config import ConfigError
 from stages import pretrain as pretrain_stage
 

@@ -32,9 +32,9 @@ from gptlab.classifier import PAD_TOKEN_ID, class_logits, make_classifier
 from gptlab.cli import main as gptlab_main
 from gptlab.config import load_params
 from gptlab.datasets import spam
+from gptlab.lineage import weights_sha256
 from gptlab.model import GPTModel
 from gptlab.tokenizer import load_tokenizer
-from gptlab.tracking import weights_sha256
 
 from helpers import committed_params_raw, copy_code, dvc, git
 
@@ -477,6 +477,8 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
         filter_string="tags.`gptlab.stage` = 'spam-finetune'",
     )[0]
     assert run.data.tags["gptlab.trainable_params"] == str(expected) and run.data.metrics["wall_seconds"] > 0
+    # tracking.log_models false: the stage logs and registers no model (DVC alone keeps the checkpoint).
+    assert "gptlab.model_uri" not in run.data.tags and MlflowClient().search_registered_models() == []
 
 
 def test_random_base_weights_are_the_architecture_freshly_seeded(tmp_path: Path) -> None:

@@ -21,9 +21,10 @@ from gptlab.architecture import ModelConfig
 from gptlab.config import TrainConfig
 from gptlab.datasets.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
+from gptlab.lineage import dvc_md5, pipeline_run_id
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
-from gptlab.tracking import dvc_md5, pipeline_run_id, stage_run, tracking_uri
+from gptlab.tracking import NULL_RUN, stage_run, tracking_uri
 from gptlab.train import fit
 from gptlab.typed_config import flatten
 
@@ -75,6 +76,31 @@ def test_pipeline_run_id_outside_dvc_is_unique(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("GPTLAB_PIPELINE_RUN", raising=False)
     first, second = pipeline_run_id(), pipeline_run_id()
     assert first.startswith("single-") and first != second
+
+
+def test_a_rank_other_than_0_gets_the_disabled_run_which_logs_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, isolated_tools: str
+) -> None:
+    """Under torchrun only rank 0 logs: the others' tracker touches no store and reads no file."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    missing = tmp_path / "missing"  # any method that read it would raise
+    with stage_run("pretrain", "exp-rank-1", {"pretrain.seed": 1}) as run:
+        assert run is NULL_RUN and run.run_id is None
+        run.log_metrics({"val_loss": 6.5}, step=3)
+        run.log_history([{"step": 1, "train_loss": 7.0}])
+        run.log_params({"seed": 1})
+        run.set_tags({"gptlab.steps": 3})
+        run.log_text("text", "a.txt")
+        run.log_dict({"a": 1}, "a.json")
+        run.log_figure(Figure(), "a.png")
+        run.log_table({"a": [1]}, "a_table.json")
+        run.log_artifact(missing)
+        run.log_reports(missing, "reports")
+        run.log_input("verdict", missing, context="training")
+        run.record_checkpoint(missing)
+        run.link_upstream(missing, {"stage": "pretrain"})
+    assert not Path(isolated_tools.removeprefix("sqlite:///")).exists()
 
 
 def test_artifacts_land_in_the_store(tmp_path: Path) -> None:

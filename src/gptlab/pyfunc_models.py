@@ -1,9 +1,9 @@
 """gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
 
-Besides tracking.py, this module (with its three-line models-from-code file,
-pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc` and its
-schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
-`tracking.StageRun.log_model` imports it lazily, by name, so it is part of no
+Besides tracking.py, lineage.py and registry.py, this module (with its three-line
+models-from-code file, pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc`
+and its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
+`registry.log_model` imports it lazily, by name, so it is part of no
 stage's import closure (dvc.yaml's deps): how a model is served changes no
 stage output, and editing this file reruns no training. Models are logged from
 code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.

@@ -59,7 +59,7 @@ def prepare_workspace(project: Path, workdir: Path) -> None:
 
 
 def source_commit_env(project: Path) -> dict[str, str]:
-    """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for tracking to tag runs with."""
+    """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for lineage.py to tag runs with."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True, check=True

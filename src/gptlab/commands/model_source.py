@@ -34,7 +34,7 @@ def model_source(value: str | None, default: Path) -> Iterator[ModelSource]:
     elif not value.startswith(MODEL_URI_PREFIXES):
         yield ModelSource(Path(value))
     else:
-        from gptlab.tracking import downloaded_model  # imports mlflow: only for a model URI
+        from gptlab.registry import downloaded_model  # imports mlflow: only for a model URI
 
         with downloaded_model(value) as (artifacts, defaults):
             bpe_files = (artifacts["vocab_bpe"], artifacts["encoder_json"])

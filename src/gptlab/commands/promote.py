@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.tracking import promote
+    from gptlab.registry import promote
 
     if not args.version.isdigit() or int(args.version) < 1:
         raise InputError(f"VERSION: expected a version number (1, 2, ...), got {args.version!r}")

@@ -1,0 +1,190 @@
+"""Provenance of an MLflow run: the code, params and pipeline it came from, what it read, what it wrote.
+
+A run's tags name its git commit (and dirty state), the `dvc repro` it belongs to,
+its host and pid, a hash of its params and the DVC experiment. The datasets it
+read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
+its weights, by which a run that starts from that checkpoint finds (and links)
+the run that wrote it. The functions here build tags and inputs; `tracking.StageRun`
+logs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.tracking import MlflowClient
+
+# The commit (and dirty flag) runs are tagged with when the code runs outside its own checkout,
+# e.g. `gptlab smoke` in its throwaway workspace: the project's real commit.
+SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
+SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
+# The tag naming the checkpoint a run wrote: the sha256 of its weights file.
+CHECKPOINT_TAG = "gptlab.checkpoint_sha256"
+
+
+def run_tags(stage: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """The tags a stage's run starts with: where its code, params and pipeline came from."""
+    commit, dirty = _git_state()
+    params_json = json.dumps({k: params[k] for k in sorted(params)}, default=str)
+    tags = {
+        "gptlab.stage": stage,
+        "gptlab.pipeline_run": pipeline_run_id(),
+        "gptlab.params_hash": hashlib.sha256(params_json.encode()).hexdigest()[:16],
+        "mlflow.source.git.commit": commit,
+        "gptlab.git_dirty": str(dirty).lower(),
+        "gptlab.host": socket.gethostname(),
+        "gptlab.pid": str(os.getpid()),
+    }
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["gptlab.dvc_exp"] = os.environ["DVC_EXP_NAME"]
+    return tags
+
+
+def pipeline_run_id() -> str:
+    """The same id for every stage that one `dvc repro` (or `dvc exp run`) executes.
+
+    GPTLAB_PIPELINE_RUN wins when set. Otherwise the id is derived from the
+    ancestor `dvc` process (its pid and start time), which spawns every stage.
+    """
+    if os.environ.get("GPTLAB_PIPELINE_RUN"):
+        return os.environ["GPTLAB_PIPELINE_RUN"]
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            break
+        if any(Path(part.decode(errors="replace")).name == "dvc" for part in cmdline[:2]):
+            return f"dvc-{pid}-{stat[19]}"  # field 22 of /proc/pid/stat: start time
+        pid = int(stat[1])  # parent pid
+        if pid <= 1:
+            break
+    return f"single-{uuid.uuid4().hex[:12]}"
+
+
+def _git_state() -> tuple[str, bool]:
+    """The commit the code came from and whether it had uncommitted changes.
+
+    GPTLAB_SOURCE_COMMIT (and GPTLAB_SOURCE_DIRTY) win when set: `gptlab smoke` runs a copy of the
+    project in a throwaway repository whose own commit means nothing to a user.
+    """
+    if os.environ.get(SOURCE_COMMIT_ENV):
+        return os.environ[SOURCE_COMMIT_ENV], os.environ.get(SOURCE_DIRTY_ENV, "false").lower() == "true"
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", True
+
+
+def dataset_input(
+    name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
+) -> DatasetInput:
+    """A dataset a run read: its path, DVC content hash (the digest) and split sizes (profile).
+
+    The digest is what DVC writes to dvc.lock for the path (see `dvc_md5`), computed here
+    because dvc.lock's entry for a stage's dependency is only updated after the stage has run.
+    """
+    path = Path(path)
+    dataset = Dataset(
+        name=name,
+        digest=dvc_md5(path),
+        source_type="local",
+        source=json.dumps({"uri": path.resolve().as_uri()}),
+        profile=json.dumps(dict(profile or {}), sort_keys=True),
+    )
+    tags = [InputTag("mlflow.data.context", context), InputTag("gptlab.path", path.as_posix())]
+    return DatasetInput(dataset, tags)
+
+
+def checkpoint_tags(checkpoint: Path | str) -> dict[str, str]:
+    """The tag naming a run as the writer of `checkpoint`: the sha256 of its weights.
+
+    The checkpoint itself does not name the run: a retrain with the same params
+    must write the same bytes (DVC then reruns nothing downstream), and the
+    weights' hash finds the run just as well.
+    """
+    return {CHECKPOINT_TAG: weights_sha256(checkpoint)}
+
+
+def upstream_tags(
+    client: MlflowClient, checkpoint: Path | str, metadata: Mapping[str, Any]
+) -> dict[str, str]:
+    """Tags naming the run that wrote `checkpoint` (found by its weights' hash) and a note linking it.
+
+    Each run links one step up, so the UI walks instruct -> load-gpt2 -> pretrain.
+    """
+    stage = str(metadata.get("stage") or "unknown")
+    digest = weights_sha256(checkpoint)
+    checkpoint = Path(checkpoint).as_posix()
+    tags = {"gptlab.upstream_checkpoint": checkpoint, "gptlab.upstream_stage": stage}
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    writers = client.search_runs(
+        experiments,
+        filter_string=f"tags.`{CHECKPOINT_TAG}` = '{digest}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not writers:
+        note = f"Started from `{checkpoint}` (stage {stage}), written by no run in this MLflow store."
+    else:
+        upstream = writers[0].info
+        tags["gptlab.upstream_run_id"] = upstream.run_id
+        link = f"#/experiments/{upstream.experiment_id}/runs/{upstream.run_id}"
+        note = f"Started from `{checkpoint}`, written by the run [{upstream.run_name or stage}]({link})."
+    tags["mlflow.note.content"] = note
+    return tags
+
+
+def weights_sha256(checkpoint: Path | str) -> str:
+    """sha256 of a checkpoint folder's weights file: what identifies a model across runs."""
+    with (Path(checkpoint) / "model.safetensors").open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def dvc_md5(path: Path | str) -> str:
+    """DVC's content hash of a file or folder, as dvc.lock records it.
+
+    The md5 of a file, or for a folder the md5 of its sorted file list with their md5s, suffixed `.dir`.
+    """
+    path = Path(path)
+    if path.is_file():
+        return _md5_file(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} not found")
+    entries = sorted(
+        (
+            {"md5": _md5_file(p), "relpath": p.relative_to(path).as_posix()}
+            for p in path.rglob("*")
+            if p.is_file()
+        ),
+        key=lambda entry: entry["relpath"],
+    )
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"  # noqa: S324
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5()  # noqa: S324 - DVC's content hash, not security
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
