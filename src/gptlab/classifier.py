@@ -53,8 +53,6 @@ def make_classifier(
     `num_classes`, so a saved classifier is rebuilt with its head by
     `checkpoint.load_model`.
     """
-    if trainable not in ("head", "last_blocks", "all", "lora"):
-        raise InputError(f"spam.trainable: expected head, last_blocks, all or lora, got {trainable!r}")
     n_layers = len(model.trf_blocks)
     if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
         raise InputError(

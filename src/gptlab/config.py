@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import yaml
 
@@ -442,9 +442,12 @@ class AnswerGeneration:
 
 @dataclass(frozen=True)
 class InstructConfig:
+    # Old spellings, refused with the new one (spam and instruct say "all" for every weight).
+    RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"trainable": {"full": "all"}}
+
     base_model: str
-    # full: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
-    trainable: Literal["full", "lora"]
+    # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
+    trainable: Literal["all", "lora"]
     lora: LoraConfig
     drop_rate: float
     allowed_max_length: int

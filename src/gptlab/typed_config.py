@@ -58,6 +58,9 @@ def build(cls: type[T], data: Any, path: str) -> T:
             if no_default:
                 raise ConfigError(f"{key}: missing key")
             continue
+        renamed = getattr(cls, "RENAMED_VALUES", {}).get(name, {})
+        if isinstance(data[name], str) and data[name] in renamed:
+            raise ConfigError(f"{key}: {data[name]!r} is now spelled {renamed[data[name]]!r}")
         kwargs[name] = _convert(data[name], hints[name], key)
     try:
         return cls(**kwargs)

@@ -60,15 +60,9 @@ def balance_and_split(
 ) -> SpamSplits:
     """The book's create_balanced_dataset + random_split, with labels mapped to 0/1.
 
-    `max_rows` keeps only the first rows of each split, for smoke runs.
+    `max_rows` keeps only the first rows of each split, for smoke runs. The fractions
+    and `max_rows` are checked once, by the params schema (config.SpamSplit).
     """
-    if not (train_frac > 0 and val_frac >= 0 and train_frac + val_frac < 1):
-        raise InputError(
-            f"tokenize.spam: train_frac={train_frac} and val_frac={val_frac} must be positive and "
-            "sum to less than 1 (the rest is the test split)"
-        )
-    if max_rows is not None and max_rows <= 0:
-        raise InputError(f"tokenize.spam.max_rows: expected a positive integer or null, got {max_rows}")
     spam = df[df["Label"] == "spam"]
     ham_subset = df[df["Label"] == "ham"].sample(len(spam), random_state=seed)
     balanced = pd.concat([ham_subset, spam])
