@@ -308,18 +308,21 @@ def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
 
 def test_a_run_resumed_mid_epoch_replays_the_books_draws(tmp_path: Path) -> None:
     train, val = windows(22, seed=1), windows(5, seed=2)
-    cfg, every_3 = BOOK, checkpoint_config(every_steps=3)
-    torch.manual_seed(123)
-    full = fit(
-        GPTModel(TINY),
-        train,
-        val,
-        cfg=cfg,
-        checkpoints=every_3,
-        loss_fn=next_token_loss,
-        run_dir=tmp_path / "full",
-    )
 
+    def run(loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], folder: str):
+        every_3 = checkpoint_config(every_steps=3)
+        return fit(
+            GPTModel(TINY),
+            train,
+            val,
+            cfg=BOOK,
+            checkpoints=every_3,
+            loss_fn=loss_fn,
+            run_dir=tmp_path / folder,
+        )
+
+    torch.manual_seed(123)
+    full = run(next_token_loss, "full")
     calls = 0
 
     def crashing_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -332,25 +335,9 @@ def test_a_run_resumed_mid_epoch_replays_the_books_draws(tmp_path: Path) -> None
 
     torch.manual_seed(123)
     with pytest.raises(KeyboardInterrupt):
-        fit(
-            GPTModel(TINY),
-            train,
-            val,
-            cfg=cfg,
-            checkpoints=every_3,
-            loss_fn=crashing_loss,
-            run_dir=tmp_path / "cut",
-        )
+        run(crashing_loss, "cut")
     torch.manual_seed(999)  # whatever the RNG holds now, the resumed run restores its own
-    resumed = fit(
-        GPTModel(TINY),
-        train,
-        val,
-        cfg=cfg,
-        checkpoints=every_3,
-        loss_fn=next_token_loss,
-        run_dir=tmp_path / "cut",
-    )
+    resumed = run(next_token_loss, "cut")
     assert resumed.resumed_steps == 6
     assert resumed.history == full.history
 
