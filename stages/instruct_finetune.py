@@ -8,7 +8,7 @@ into the weights once trained); then answers every test record greedily and
 scores the answers against the references with ROUGE-L and, when
 instruct.judge.enabled, with a larger judge model as the book does.
 
-Writes models/instruct/ (naming its MLflow run) and, under reports/instruct/,
+Writes models/instruct/ and, under reports/instruct/,
 metrics.json (losses, ROUGE-L, the judge's mean: DVC metrics), counts.json (steps,
 tokens seen, trainable parameters, test records, the judge's counts and histogram), losses.csv (the loss
 curve, a DVC plot) and responses.json (the answers). The MLflow run links the

@@ -7,7 +7,7 @@ messages again to another length). Swaps the LM head for a seeded 2-class head,
 trains what `spam.trainable` selects with the shared loop (with `lora`, the
 LoRA adapters of appendix E, added after the first accuracies as the book adds
 them, and merged into the weights once trained), and writes models/spam/ (the
-classifier, rebuildable alone, naming its MLflow run) and reports/spam/:
+classifier, rebuildable alone) and reports/spam/:
 metrics.json (accuracy, precision, recall, F1, losses: DVC metrics), counts.json
 (steps, examples seen, trainable parameters, each split's confusion matrix),
 losses.csv, accuracy.csv, predictions.csv and confusion_matrix.png. Everything
