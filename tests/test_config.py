@@ -141,6 +141,13 @@ def test_bad_choice_lists_the_choices(raw: dict[str, Any], tmp_path: Path) -> No
     assert message == "pretrain.train.device: expected one of ['auto', 'cpu', 'cuda', 'mps'], got 'gpu'"
 
 
+def test_an_old_spelling_is_refused_naming_the_new_one(raw: dict[str, Any], tmp_path: Path) -> None:
+    """One word for "train every weight" in both stages: instruct's former `full` is now `all`."""
+    message = refusal(raw, tmp_path, "instruct.trainable", "full")
+    assert message == "instruct.trainable: 'full' is now spelled 'all' (train every weight)"
+    assert committed_params().instruct.trainable == "all"
+
+
 @pytest.mark.parametrize("value", ["nan", float("inf")])
 def test_non_finite_floats_are_refused(raw: dict[str, Any], tmp_path: Path, value: Any) -> None:
     assert refusal(raw, tmp_path, "spam.train.lr", value).startswith("spam.train.lr: expected a finite float")

@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 
 from gptlab.architecture import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelConfig
-from gptlab.typed_config import ConfigError, build, require
+from gptlab.typed_config import ConfigError, build, renamed, require
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -421,8 +421,8 @@ class AnswerGeneration:
 @dataclass(frozen=True)
 class InstructConfig:
     base_model: str
-    # full: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
-    trainable: Literal["full", "lora"]
+    # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
+    trainable: Literal["all", "lora"] = renamed({"full": ("all", "train every weight")})
     lora: LoraConfig
     drop_rate: float
     allowed_max_length: int
