@@ -100,8 +100,6 @@ def test_new_head_is_the_seeded_linear_of_the_book() -> None:
 def test_trainable_blocks_out_of_range_is_an_error_naming_the_key() -> None:
     with pytest.raises(ValueError, match=r"spam\.trainable_blocks: expected 1 to 3"):
         tiny_classifier("last_blocks", 4)
-    with pytest.raises(ValueError, match=r"spam\.trainable"):
-        tiny_classifier("everything", 1)
 
 
 def test_last_token_pooling_uses_the_last_position() -> None:
@@ -135,8 +133,6 @@ def test_losses_match_cross_entropy_of_their_pooling() -> None:
     torch.testing.assert_close(mean, F.cross_entropy(full[:, :6, :].mean(dim=1), labels))
     assert classification_loss("last") is last_token_classification_loss
     assert classification_loss("mean") is mean_pooled_classification_loss
-    with pytest.raises(ValueError, match="spam.pooling"):
-        classification_loss("max")  # type: ignore[arg-type]
 
 
 def test_saved_classifier_is_rebuilt_with_its_head(tmp_path) -> None:

@@ -188,8 +188,6 @@ def test_spam_bad_input(tmp_path: Path, tokenizer: tiktoken.Encoding, shared_dat
         spam.read_collection(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="dvc repro tokenize"):
         spam.SpamDataset(tmp_path, "train")
-    with pytest.raises(ValueError, match="val_frac"):
-        spam.balance_and_split(pd.DataFrame({"Label": [], "Text": []}), seed=1, train_frac=0.7, val_frac=0.4)
     collection = shared_data / "sms_spam_collection" / "SMSSpamCollection"
     with pytest.raises(ValueError, match="no training rows"):
         spam.prepare(collection, tmp_path, tokenizer, seed=1, train_frac=0.0001, val_frac=0.1)

@@ -71,17 +71,9 @@ def split_records(
 ) -> dict[str, list[dict[str, str]]]:
     """The book's split in file order: train first, then test, then the rest as validation.
 
-    `max_records` keeps only the first records of each split, for smoke runs.
+    `max_records` keeps only the first records of each split, for smoke runs. The fractions
+    and `max_records` come checked by the params schema (`config.InstructSplit`).
     """
-    if not (train_frac > 0 and test_frac >= 0 and train_frac + test_frac < 1):
-        raise InputError(
-            f"tokenize.instruct: train_frac={train_frac} and test_frac={test_frac} must be positive and "
-            "sum to less than 1 (the rest is the validation split)"
-        )
-    if max_records is not None and max_records <= 0:
-        raise InputError(
-            f"tokenize.instruct.max_records: expected a positive integer or null, got {max_records}"
-        )
     train_end = int(len(records) * train_frac)
     test_end = train_end + int(len(records) * test_frac)
     splits = {

@@ -60,15 +60,9 @@ def balance_and_split(
 ) -> SpamSplits:
     """The book's create_balanced_dataset + random_split, with labels mapped to 0/1.
 
-    `max_rows` keeps only the first rows of each split, for smoke runs.
+    `max_rows` keeps only the first rows of each split, for smoke runs. The fractions and
+    `max_rows` come checked by the params schema (`config.SpamSplit`).
     """
-    if not (train_frac > 0 and val_frac >= 0 and train_frac + val_frac < 1):
-        raise InputError(
-            f"tokenize.spam: train_frac={train_frac} and val_frac={val_frac} must be positive and "
-            "sum to less than 1 (the rest is the test split)"
-        )
-    if max_rows is not None and max_rows <= 0:
-        raise InputError(f"tokenize.spam.max_rows: expected a positive integer or null, got {max_rows}")
     spam = df[df["Label"] == "spam"]
     ham_subset = df[df["Label"] == "ham"].sample(len(spam), random_state=seed)
     balanced = pd.concat([ham_subset, spam])
@@ -154,10 +148,9 @@ class SpamDataset(Dataset):
 
         What the bonus script's SpamDataset does with a given max_length: a longer length keeps
         more of a validation or test message than the tokenize stage's cut to the longest
-        training message did.
+        training message did. `max_length` is spam.max_length as the params schema checked it
+        (a positive number), or the base model's context length.
         """
-        if max_length <= 0:
-            raise InputError(f"spam.max_length: expected a positive number of tokens, got {max_length}")
         ids = pad_ids(encode_texts(self.texts, tokenizer), max_length)
         self.input_ids = torch.from_numpy(ids.astype(np.int64))  # (n, max_length)
         self.max_length = max_length
