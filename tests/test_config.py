@@ -136,9 +136,39 @@ def test_bool_and_int_are_not_confused(
     assert refusal(raw, tmp_path, key, value) == expected
 
 
-def test_bad_choice_lists_the_choices(raw: dict[str, Any], tmp_path: Path) -> None:
-    message = refusal(raw, tmp_path, "pretrain.train.device", "gpu")
-    assert message == "pretrain.train.device: expected one of ['auto', 'cpu', 'cuda', 'mps'], got 'gpu'"
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (
+            "pretrain.train.device",
+            "gpu",
+            "pretrain.train.device: expected one of ['auto', 'cpu', 'cuda', 'mps'], got 'gpu'",
+        ),
+        (
+            "spam.trainable",
+            "everything",
+            "spam.trainable: expected one of ['head', 'last_blocks', 'all', 'lora'], got 'everything'",
+        ),
+        (
+            "spam.pooling",
+            "max",
+            "spam.pooling: expected one of ['last', 'first', 'mean', 'mean_all'], got 'max'",
+        ),
+        ("instruct.trainable", "some", "instruct.trainable: expected one of ['all', 'lora'], got 'some'"),
+    ],
+)
+def test_bad_choice_lists_the_choices(
+    raw: dict[str, Any], tmp_path: Path, key: str, value: str, expected: str
+) -> None:
+    """The one check of each word (the classifier takes them as given)."""
+    assert refusal(raw, tmp_path, key, value) == expected
+
+
+def test_an_old_spelling_is_refused_naming_the_new_one(raw: dict[str, Any], tmp_path: Path) -> None:
+    """One word for "train every weight" in both stages: instruct's former `full` is now `all`."""
+    message = refusal(raw, tmp_path, "instruct.trainable", "full")
+    assert message == "instruct.trainable: 'full' is now spelled 'all' (train every weight)"
+    assert committed_params().instruct.trainable == "all"
 
 
 @pytest.mark.parametrize("value", ["nan", float("inf")])
@@ -246,13 +276,25 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ("instruct.max_new_tokens", -1, "instruct.max_new_tokens: expected a positive integer"),
         ("instruct.allowed_max_length", 4096, "instruct.allowed_max_length: expected 1 to 1024"),
         ("spam.drop_rate", 1.5, "spam.drop_rate: expected a value in [0, 1)"),
-        ("tokenize.spam.val_frac", 0.4, "tokenize.spam.val_frac: expected a value in (0, 0.3)"),
+        (
+            "tokenize.spam.val_frac",
+            0.4,
+            "tokenize.spam.val_frac: expected a value in (0, 0.3), so that train_frac + val_frac stays "
+            "below 1 and the test split is not empty, got 0.4",
+        ),
+        ("tokenize.spam.train_frac", 1.0, "tokenize.spam.train_frac: expected a value in (0, 1)"),
         ("tokenize.spam.max_rows", 0, "tokenize.spam.max_rows: expected a positive integer or null"),
-        ("tokenize.instruct.test_frac", 0.2, "tokenize.instruct.test_frac: expected a value in (0, 0.15)"),
-        ("tokenize.instruct.max_records", 0, "tokenize.instruct.max_records: expected a positive integer"),
-        ("instruct.trainable", "full", "instruct.trainable: 'full' is now spelled 'all'"),
-        ("spam.trainable", "everything", "spam.trainable: expected one of"),
-        ("checkpoints.keep", 0, "checkpoints.keep: expected a positive integer"),
+        (
+            "tokenize.instruct.test_frac",
+            0.2,
+            "tokenize.instruct.test_frac: expected a value in (0, 0.15), so that train_frac + test_frac stays "
+            "below 1 and the validation split is not empty, got 0.2",
+        ),
+        (
+            "tokenize.instruct.max_records",
+            0,
+            "tokenize.instruct.max_records: expected a positive integer or null",
+        ),
         ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
         ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
     ],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import tiktoken
@@ -23,14 +23,12 @@ from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_f
 from torch import nn
 from tqdm.auto import tqdm
 
+from gptlab.config import Pooling, Trainable
 from gptlab.datasets.spam import LABELS, encode_texts, pad_ids
 from gptlab.errors import InputError
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 
-Trainable = Literal["head", "last_blocks", "all", "lora"]
-Pooling = Literal["last", "first", "mean", "mean_all"]
-POOLINGS: tuple[str, ...] = ("last", "first", "mean", "mean_all")
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
@@ -51,7 +49,8 @@ def make_classifier(
     head, or the whole model; `lora` leaves everything frozen, the head too, for
     `gptlab.lora.add_lora` to add the adapters that train. The config records
     `num_classes`, so a saved classifier is rebuilt with its head by
-    `checkpoint.load_model`.
+    `checkpoint.load_model`. The params schema checks `trainable`'s word;
+    only `trainable_blocks` is checked here, against this model's blocks.
     """
     n_layers = len(model.trf_blocks)
     if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
@@ -122,15 +121,13 @@ def all_positions_classification_loss(model: nn.Module, batch: Batch) -> torch.T
 
 
 def classification_loss(pooling: Pooling) -> LossFn:
-    """The training loss for a pooling choice, in the shape the shared training loop calls."""
+    """The training loss for a pooling choice (spam.pooling, checked by the params schema), as the loop calls it."""
     losses: dict[str, LossFn] = {
         "last": last_token_classification_loss,
         "first": first_token_classification_loss,
         "mean": mean_pooled_classification_loss,
         "mean_all": all_positions_classification_loss,
     }
-    if pooling not in losses:
-        raise InputError(f"spam.pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
     return losses[pooling]
 
 

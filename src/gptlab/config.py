@@ -14,9 +14,13 @@ from typing import ClassVar, Literal
 import yaml
 
 from gptlab.architecture import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelConfig
-from gptlab.typed_config import ConfigError, build, require
+from gptlab.typed_config import ConfigError, build, renamed, require
 
 PARAMS_FILE = Path("params.yaml")
+
+# The allowed values of spam.trainable and spam.pooling, named once: gptlab.classifier takes these words.
+Trainable = Literal["head", "last_blocks", "all", "lora"]
+Pooling = Literal["last", "first", "mean", "mean_all"]
 
 
 @dataclass(frozen=True)
@@ -235,7 +239,7 @@ class SpamSplit:
     max_rows: int | None
 
     def __post_init__(self) -> None:
-        _check_fractions(self.train_frac, self.val_frac, "val_frac")
+        _check_fractions(self.train_frac, self.val_frac, "val_frac", rest="test")
         require(
             self.max_rows is None or self.max_rows > 0,
             "max_rows",
@@ -250,7 +254,7 @@ class InstructSplit:
     max_records: int | None
 
     def __post_init__(self) -> None:
-        _check_fractions(self.train_frac, self.test_frac, "test_frac")
+        _check_fractions(self.train_frac, self.test_frac, "test_frac", rest="validation")
         require(
             self.max_records is None or self.max_records > 0,
             "max_records",
@@ -374,13 +378,13 @@ class SpamConfig:
     base_weights: Literal["pretrained", "random"]
     # What trains: the new head only, the last `trainable_blocks` blocks + final norm + head, all,
     # or LoRA adapters on every linear layer (head included) with everything else frozen (appendix E).
-    trainable: Literal["head", "last_blocks", "all", "lora"]
+    trainable: Trainable
     trainable_blocks: int
     lora: LoraConfig
     # Which outputs classify a message: the last token's (the book), the first token's, the mean
     # over its non-padding tokens, or the mean over every position, padding included (the bonus
     # table's "pooled embeddings").
-    pooling: Literal["last", "first", "mean", "mean_all"]
+    pooling: Pooling
     # Tokens each message is padded (or cut) to: null keeps the tokenize stage's length (the longest
     # training message); "context" pads to the base model's context length; or a number.
     max_length: int | Literal["context"] | None
@@ -447,7 +451,7 @@ class InstructConfig:
 
     base_model: str
     # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
-    trainable: Literal["all", "lora"]
+    trainable: Literal["all", "lora"] = renamed({"full": ("all", "train every weight")})
     lora: LoraConfig
     drop_rate: float
     allowed_max_length: int
@@ -517,11 +521,12 @@ def load_params(path: Path | str = PARAMS_FILE) -> Params:
     return build(Params, data, "")
 
 
-def _check_fractions(train_frac: float, other_frac: float, other: str) -> None:
-    """Both fractions in (0, 1) and summing below 1, so the third split is not empty."""
+def _check_fractions(train_frac: float, other_frac: float, other: str, *, rest: str) -> None:
+    """Both fractions in (0, 1) and summing below 1, so the `rest` split (what is left) is not empty."""
     require(0 < train_frac < 1, "train_frac", f"expected a value in (0, 1), got {train_frac}")
     require(
         0 < other_frac < 1 - train_frac,
         other,
-        f"expected a value in (0, {1 - train_frac:g}) so that the remaining split is not empty, got {other_frac}",
+        f"expected a value in (0, {1 - train_frac:g}), so that train_frac + {other} stays below 1 "
+        f"and the {rest} split is not empty, got {other_frac}",
     )

@@ -20,6 +20,9 @@ from gptlab.errors import InputError
 
 T = TypeVar("T")
 
+# Field metadata key: {old value: (new value, what it means)}, see `renamed`.
+_RENAMED = "gptlab.renamed"
+
 
 class ConfigError(InputError):
     """A config value that cannot be used; the message names the key."""
@@ -40,6 +43,14 @@ def require(condition: bool, field: str, problem: str) -> None:
         raise FieldError(field, problem)
 
 
+def renamed(spellings: Mapping[str, tuple[str, str]]) -> Any:
+    """A required field whose old values are refused naming their new spelling: {old: (new, meaning)}.
+
+    So a params file written for an older vocabulary stops with the fix, not just the choices.
+    """
+    return dataclasses.field(metadata={_RENAMED: dict(spellings)})
+
+
 def build(cls: type[T], data: Any, path: str) -> T:
     """Build dataclass `cls` from a mapping, checking every key and type."""
     where = path or "params.yaml"
@@ -58,10 +69,11 @@ def build(cls: type[T], data: Any, path: str) -> T:
             if no_default:
                 raise ConfigError(f"{key}: missing key")
             continue
-        renamed = getattr(cls, "RENAMED_VALUES", {}).get(name, {})
-        if isinstance(data[name], str) and data[name] in renamed:
-            raise ConfigError(f"{key}: {data[name]!r} is now spelled {renamed[data[name]]!r}")
-        kwargs[name] = _convert(data[name], hints[name], key)
+        value, old_spellings = data[name], field.metadata.get(_RENAMED, {})
+        if isinstance(value, str) and value in old_spellings:
+            new, meaning = old_spellings[value]
+            raise ConfigError(f"{key}: {value!r} is now spelled {new!r} ({meaning})")
+        kwargs[name] = _convert(value, hints[name], key)
     try:
         return cls(**kwargs)
     except FieldError as exc:

@@ -61,31 +61,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.commands.model_source import model_source
+    from gptlab.commands.model_source import find_model
     from gptlab.paths import INSTRUCT_MODEL
 
-    with model_source(args.model, INSTRUCT_MODEL) as source:
+    with find_model(
+        args.model, INSTRUCT_MODEL, command="chat", kind="instruction-tuned model", stage="instruct-finetune"
+    ) as source:
         return _chat(args, source)
 
 
 def _chat(args: argparse.Namespace, source: ModelSource) -> int:
-    from gptlab.checkpoint import CONFIG_FILE, load_model
+    from gptlab.checkpoint import load_model
     from gptlab.config import load_params
-    from gptlab.paths import INSTRUCT_MODEL
     from gptlab.responses import fit_to_context, generate_response
     from gptlab.runtime import resolve_device
-    from gptlab.smoke import smoke_model_hint
     from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
     model_dir = source.checkpoint
-    if not (model_dir / CONFIG_FILE).is_file():
-        hint = "" if args.model is not None else smoke_model_hint("chat", INSTRUCT_MODEL, _raw_dir_default())
-        print(
-            f"gptlab chat: no instruction-tuned model in {model_dir}: "
-            f"run `dvc repro instruct-finetune` first (or point --model at one){hint}",
-            file=sys.stderr,
-        )
-        return 2
     if not args.instruction.strip():
         raise InputError("the instruction is empty: say what the model should do")
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
@@ -133,13 +125,3 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
 
 def _warn(message: str) -> None:
     print(f"gptlab chat: warning: {message}", file=sys.stderr)
-
-
-def _raw_dir_default() -> Path:
-    """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
-    from gptlab.config import load_params
-
-    try:
-        return Path(load_params().data.raw_dir)
-    except Exception:  # noqa: BLE001 - only a hint: the default layout will do
-        return Path("data/raw")

@@ -55,31 +55,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.commands.model_source import model_source
+    from gptlab.commands.model_source import find_model
     from gptlab.paths import SPAM_MODEL
 
-    with model_source(args.model, SPAM_MODEL) as source:
+    with find_model(
+        args.model, SPAM_MODEL, command="classify", kind="trained classifier", stage="spam-finetune"
+    ) as source:
         return _classify(args, source)
 
 
 def _classify(args: argparse.Namespace, source: ModelSource) -> int:
-    from gptlab.checkpoint import CONFIG_FILE, load_model
+    from gptlab.checkpoint import load_model
     from gptlab.classifier import classify_texts
     from gptlab.config import load_params
-    from gptlab.paths import SPAM_MODEL
     from gptlab.runtime import resolve_device
-    from gptlab.smoke import smoke_model_hint
     from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
     model_dir = source.checkpoint
-    if not (model_dir / CONFIG_FILE).is_file():
-        hint = "" if args.model is not None else smoke_model_hint("classify", SPAM_MODEL, _raw_dir_default())
-        print(
-            f"gptlab classify: no trained classifier in {model_dir}: "
-            f"run `dvc repro spam-finetune` first (or point --model at one){hint}",
-            file=sys.stderr,
-        )
-        return 2
     if args.batch_size <= 0:
         raise InputError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     texts = _read_texts(args.texts, args.file)
@@ -146,13 +138,3 @@ def _decode_lines(data: bytes, name: str) -> list[str]:
             f"--file {name}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
             "save the file as UTF-8"
         ) from exc
-
-
-def _raw_dir_default() -> Path:
-    """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
-    from gptlab.config import load_params
-
-    try:
-        return Path(load_params().data.raw_dir)
-    except Exception:  # noqa: BLE001 - only a hint: the default layout will do
-        return Path("data/raw")

@@ -4,6 +4,8 @@ A value starting with `models:/` (models:/gptlab-spam@champion, models:/gptlab-s
 models:/<model_id>) or `runs:/` names a model in the tracking store (MLFLOW_TRACKING_URI,
 else the project's mlflow.db): its artifacts are downloaded into a temporary folder and
 the checkpoint and GPT-2's BPE files that the model carries are used from there.
+
+`find_model` is what both commands call: the model, or a message saying how to get one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gptlab.errors import InputError
 
 MODEL_URI_PREFIXES = ("models:/", "runs:/")
 
@@ -39,3 +43,34 @@ def model_source(value: str | None, default: Path) -> Iterator[ModelSource]:
         with downloaded_model(value) as (artifacts, defaults):
             bpe_files = (artifacts["vocab_bpe"], artifacts["encoder_json"])
             yield ModelSource(artifacts["checkpoint"], bpe_files, defaults)
+
+
+@contextmanager
+def find_model(
+    value: str | None, default: Path, *, command: str, kind: str, stage: str
+) -> Iterator[ModelSource]:
+    """The trained model `--model` names (`default` without it), for the time of the block.
+
+    Where there is no checkpoint, an InputError names the `stage` that writes one and, when
+    `--model` was left out, the command line that uses the last `gptlab smoke` run's model.
+    """
+    from gptlab.checkpoint import CONFIG_FILE  # imports torch: only once the command runs
+    from gptlab.smoke import smoke_model_hint
+
+    with model_source(value, default) as source:
+        if not (source.checkpoint / CONFIG_FILE).is_file():
+            hint = "" if value is not None else smoke_model_hint(command, default, _raw_dir_default())
+            raise InputError(
+                f"no {kind} in {source.checkpoint}: run `dvc repro {stage}` first (or point --model at one){hint}"
+            )
+        yield source
+
+
+def _raw_dir_default() -> Path:
+    """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
+    from gptlab.config import load_params
+
+    try:
+        return Path(load_params().data.raw_dir)
+    except Exception:  # noqa: BLE001 - only a hint: the default layout will do
+        return Path("data/raw")

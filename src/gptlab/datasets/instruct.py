@@ -72,7 +72,7 @@ def split_records(
     """The book's split in file order: train first, then test, then the rest as validation.
 
     `max_records` keeps only the first records of each split, for smoke runs. The fractions
-    and `max_records` are checked once, by the params schema (config.InstructSplit).
+    and `max_records` come checked by the params schema (`config.InstructSplit`).
     """
     train_end = int(len(records) * train_frac)
     test_end = train_end + int(len(records) * test_frac)

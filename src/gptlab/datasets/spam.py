@@ -60,8 +60,8 @@ def balance_and_split(
 ) -> SpamSplits:
     """The book's create_balanced_dataset + random_split, with labels mapped to 0/1.
 
-    `max_rows` keeps only the first rows of each split, for smoke runs. The fractions
-    and `max_rows` are checked once, by the params schema (config.SpamSplit).
+    `max_rows` keeps only the first rows of each split, for smoke runs. The fractions and
+    `max_rows` come checked by the params schema (`config.SpamSplit`).
     """
     spam = df[df["Label"] == "spam"]
     ham_subset = df[df["Label"] == "ham"].sample(len(spam), random_state=seed)
@@ -148,10 +148,9 @@ class SpamDataset(Dataset):
 
         What the bonus script's SpamDataset does with a given max_length: a longer length keeps
         more of a validation or test message than the tokenize stage's cut to the longest
-        training message did.
+        training message did. `max_length` is spam.max_length as the params schema checked it
+        (a positive number), or the base model's context length.
         """
-        if max_length <= 0:
-            raise InputError(f"spam.max_length: expected a positive number of tokens, got {max_length}")
         ids = pad_ids(encode_texts(self.texts, tokenizer), max_length)
         self.input_ids = torch.from_numpy(ids.astype(np.int64))  # (n, max_length)
         self.max_length = max_length
