@@ -113,8 +113,9 @@ def run(params: Params) -> None:
             skip=("loss.png",),
         )
         clock.lap("outputs_and_logging")
-        stage.tracker.log_metrics(clock.metrics(), step=result.global_step)
-        print(f"seconds by phase: {json.dumps(clock.metrics())}", file=sys.stderr)
+        stage.tracker.log_metrics(clock.metrics(), step=result.global_step)  # the loop's own: publish's
+        timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}
+        print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 

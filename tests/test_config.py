@@ -284,6 +284,8 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ),
         ("tokenize.spam.train_frac", 1.0, "tokenize.spam.train_frac: expected a value in (0, 1)"),
         ("tokenize.spam.max_rows", 0, "tokenize.spam.max_rows: expected a positive integer or null"),
+        ("checkpoints.keep", 0, "checkpoints.keep: expected a positive integer"),
+        ("checkpoints.every_minutes", -1, "checkpoints.every_minutes: expected a positive number or null"),
         (
             "tokenize.instruct.test_frac",
             0.2,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import yaml
 
@@ -446,9 +446,6 @@ class AnswerGeneration:
 
 @dataclass(frozen=True)
 class InstructConfig:
-    # Old spellings, refused with the new one (spam and instruct say "all" for every weight).
-    RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"trainable": {"full": "all"}}
-
     base_model: str
     # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
     trainable: Literal["all", "lora"] = renamed({"full": ("all", "train every weight")})
