@@ -164,6 +164,11 @@ def test_bad_choice_lists_the_choices(
     assert refusal(raw, tmp_path, key, value) == expected
 
 
+def test_a_moved_key_is_refused_naming_where_it_lives_now(raw: dict[str, Any], tmp_path: Path) -> None:
+    message = refusal(raw, tmp_path, "spam.train.checkpoint_minutes", 5)
+    assert message == "spam.train.checkpoint_minutes: moved to checkpoints.every_minutes"
+
+
 def test_an_old_spelling_is_refused_naming_the_new_one(raw: dict[str, Any], tmp_path: Path) -> None:
     """One word for "train every weight" in both stages: instruct's former `full` is now `all`."""
     message = refusal(raw, tmp_path, "instruct.trainable", "full")

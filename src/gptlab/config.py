@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import yaml
 
@@ -83,6 +83,13 @@ class ModelSpec:
 @dataclass(frozen=True)
 class TrainConfig:
     """Knobs of the shared training loop. Defaults in params.yaml follow the book."""
+
+    # Saving is operational, no training setting: its keys moved to their own section.
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "checkpoint_every": "checkpoints.every_steps",
+        "checkpoint_minutes": "checkpoints.every_minutes",
+        "keep_checkpoints": "checkpoints.keep",
+    }
 
     batch_size: int
     epochs: int

@@ -59,6 +59,9 @@ def build(cls: type[T], data: Any, path: str) -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
+    moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})  # old key -> where it lives now
+    if unknown and unknown[0] in moved:
+        raise ConfigError(f"{_join(path, str(unknown[0]))}: moved to {moved[unknown[0]]}")
     if unknown:
         raise ConfigError(f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}")
     kwargs: dict[str, Any] = {}
