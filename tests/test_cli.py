@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
@@ -39,3 +40,10 @@ def test_a_missing_file_is_exit_code_2_naming_it(tmp_path, capsys: pytest.Captur
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no-such-checkpoint" in err and "Traceback" not in err
+
+
+def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gptlab {importlib.metadata.version('gptlab')}"

@@ -281,3 +281,13 @@ def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Pa
 
 def _dvc_env() -> dict[str, str]:
     return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+
+
+def test_every_experiment_is_tagged_for_model_training_and_an_old_one_gets_the_tag() -> None:
+    old = client().create_experiment("exp-untagged")  # as stores made before the tag hold them
+    assert "mlflow.experimentKind" not in client().get_experiment(old).tags
+    for name in ("exp-untagged", "exp-new"):
+        with stage_run("pretrain", name, {}):
+            pass
+        kind = client().get_experiment_by_name(name).tags.get("mlflow.experimentKind")
+        assert kind == "custom_model_development", name  # the MLflow UI's "Model training" mode

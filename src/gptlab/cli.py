@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 import yaml
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gptlab",
         description="Use gptlab's trained models. Run the pipeline itself with `dvc repro`.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"gptlab {importlib.metadata.version('gptlab')}"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():

@@ -36,6 +36,9 @@ from gptlab.errors import GptlabError
 DEFAULT_DB = "mlflow.db"
 # Seconds to wait for a tracking server to answer before a stage starts.
 TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
+# The experiment tag MLflow's UI reads to open an experiment as "Model training", not GenAI.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
 # The tags grouping the runs of one `gptlab sweep` (the UI filters `tags.gptlab.sweep = 'spam'`).
 SWEEP_TAG = "gptlab.sweep"
 SWEEP_VARIANT_TAG = "gptlab.sweep_variant"
@@ -265,15 +268,23 @@ def _process_alive(pid: int) -> bool:
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
+    """The experiment named `name`, created if needed, and tagged for model training.
+
+    MLflow 3's UI opens an experiment without the kind tag in GenAI mode (an empty traces
+    page); one created before the tag existed gets it on its next run.
+    """
     existing = client.get_experiment_by_name(name)
-    if existing is not None:
-        return existing.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_artifact_location())
-    except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel stage
-        existing = client.get_experiment_by_name(name)
-        assert existing is not None, f"experiment {name!r} could neither be created nor found"
-        return existing.experiment_id
+    if existing is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=_artifact_location(), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+            )
+        except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel stage
+            existing = client.get_experiment_by_name(name)
+            assert existing is not None, f"experiment {name!r} could neither be created nor found"
+    if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
+        client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return existing.experiment_id
 
 
 def _artifact_location() -> str | None:
