@@ -93,7 +93,7 @@ def run(params: Params) -> None:
             # Appendix E's order: the accuracies above, then the model frozen and every linear layer
             # wrapped; A is drawn from the RNG as it stands after them (B is zero: same accuracies).
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
-        trainable = stage.count_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
+        trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
             scores = {f"{split}_accuracy": eval_accuracy(split, trained) for split in ("train", "val")}

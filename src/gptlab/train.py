@@ -112,7 +112,7 @@ def fit(
     run_dir: Path,
     collate_fn: Collate = None,
     seen_name: str = "tokens_seen",
-    count_seen: Callable[[Any], int] = count_tokens,
+    count_seen: SeenFn = count_tokens,
     tracker: Tracker | None = None,
     on_epoch_end: EpochEndFn | None = None,
 ) -> TrainResult:

@@ -66,11 +66,11 @@ class TrainingRun:
         return is_main()
 
     def fit(
-        self, model: nn.Module, train: Dataset, val: Dataset, cfg: TrainConfig, loss_fn: LossFn, **kw: Any
+        self, model: GPTModel, train: Dataset, val: Dataset, cfg: TrainConfig, loss_fn: LossFn, **kw: Any
     ) -> TrainResult:
         """The shared loop, resuming from this run's folder on the params' checkpoint cadence."""
         return fit(
-            model,  # type: ignore[arg-type]
+            model,
             train,
             val,
             cfg=cfg,
@@ -81,7 +81,7 @@ class TrainingRun:
             **kw,
         )
 
-    def count_trainable(self, model: nn.Module, base_model: str, trainable: str, lora: LoraConfig) -> int:
+    def report_trainable(self, model: nn.Module, base_model: str, trainable: str, lora: LoraConfig) -> int:
         """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone)."""
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.tracker.set_tags({"gptlab.base_model": base_model, "gptlab.trainable_params": count})
