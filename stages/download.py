@@ -49,7 +49,7 @@ def run(params: Params) -> None:
             }
             print(f"{name}: {got.path} ({got.size:,} bytes, {got.origin})")
             tracker.log_input(name, got.path, context="source", profile={"bytes": got.size, "url": src.url})
-        tracker.log_metrics({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
+        tracker.log_params({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
         tracker.set_tags({f"origin.{name}": entry["origin"] for name, entry in manifest.items()})
         tracker.log_dict(manifest, "download/manifest.json")
 

@@ -25,7 +25,7 @@ from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
+from gptlab.tracking import section, stage_run
 from gptlab.typed_config import flatten
 
 STAGE = "eval"
@@ -69,7 +69,7 @@ def run(params: Params) -> None:
             print(f"{name}: {sample['text']!r}")
         write_json(REPORT_DIR / "metrics.json", metrics)
         write_json(REPORT_DIR / "samples.json", samples)
-        tracker.log_metrics(metrics)
+        tracker.log_metrics(section("eval", metrics))
         tracker.log_dict(samples, "eval/samples.json")
         for name, sample in samples.items():
             tracker.log_text(sample["text"], f"eval/samples/{name}.txt")

@@ -40,7 +40,7 @@ from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
+from gptlab.tracking import section, stage_run
 from gptlab.typed_config import ConfigError, flatten
 
 REPORT_DIR = REPORTS / "load-gpt2"
@@ -165,7 +165,7 @@ def run(params: Params) -> None:
             model.to(device).eval()
             report[name] = verdict_losses(model, params, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)
-            tracker.log_metrics(report[name])
+            tracker.log_metrics(section("eval", report[name]))
             tracker.log_text(samples[name], "load-gpt2/sample.txt")
             tracker.log_dict(
                 {"model": model.cfg.to_dict(), "metadata": metadata}, "load-gpt2/base_model.json"

@@ -33,6 +33,7 @@ from gptlab.runtime import resolve_device
 from gptlab.stage import stage_main
 from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
+from gptlab.tracking import section
 from gptlab.training_stage import DatasetRead, Reports, training_run
 from gptlab.typed_config import flatten
 
@@ -69,7 +70,7 @@ def run(params: Params) -> None:
         initial = split_losses(model, data, cfg.train)
         clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
-        stage.tracker.log_metrics({f"initial_{name}": value for name, value in initial.items()}, step=0)
+        stage.tracker.log_metrics(section("initial", initial), step=0)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, str]:
             text = generate_text(trained, tokenizer, cfg.sample)
@@ -113,8 +114,8 @@ def run(params: Params) -> None:
             skip=("loss.png",),
         )
         clock.lap("outputs_and_logging")
-        stage.tracker.log_metrics(clock.metrics(), step=result.global_step)  # the loop's own: publish's
         timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}
+        stage.tracker.log_dict(timings, "pretrain/stage_seconds.json")
         print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 

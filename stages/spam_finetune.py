@@ -48,7 +48,7 @@ from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import StageRun
+from gptlab.tracking import StageRun, section
 from gptlab.train import TrainResult
 from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
 from gptlab.typed_config import flatten
@@ -87,7 +87,7 @@ def run(params: Params) -> None:
         # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
         torch.manual_seed(cfg.train.seed)
         initial = {f"{s}_accuracy": eval_accuracy(s, model, cfg.initial_eval_batches) for s in SPLITS}
-        stage.tracker.log_metrics(flatten({"initial": initial}), step=0)
+        stage.tracker.log_metrics(section("initial", initial), step=0)
         print("before training: " + _percentages(initial))
         if cfg.trainable == "lora":
             # Appendix E's order: the accuracies above, then the model frozen and every linear layer

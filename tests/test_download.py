@@ -264,7 +264,7 @@ def test_stage_fetches_every_source_and_logs_a_run(
         assert mlflow_run.data.params["data.raw_dir"] == "inputs/raw"
         for name, src in sources.items():
             assert mlflow_run.data.tags[f"origin.{name}"] == origin
-            assert mlflow_run.data.metrics[f"bytes.{name}"] == (raw / src.path).stat().st_size
+            assert mlflow_run.data.params[f"bytes.{name}"] == str((raw / src.path).stat().st_size)
 
 
 @pytest.mark.slow

@@ -107,8 +107,14 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     runs = []
     for _ in range(2):  # two training runs: two versions
         with stage_run("spam-finetune", "gptlab", {}) as tracker:
+            tracker.set_tags({"gptlab.base_model": "gpt2-small"})
             uri = log_model(
-                tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}
+                tracker,
+                "spam",
+                tmp_path / "clf",
+                **logged_to("gptlab", shared_data),
+                defaults={},
+                headline={"final/test.accuracy": 0.9375 - len(runs) / 8},
             )
             runs.append((tracker.run_id, uri))
     capsys.readouterr()
@@ -117,6 +123,12 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     versions = client.search_model_versions("name = 'gptlab-spam'")
     assert sorted(int(v.version) for v in versions) == [1, 2]
     assert {v.run_id for v in versions} == {run_id for run_id, _ in runs}
+    # Each version says on the registry page what it is: stage, base model, figures, source run.
+    for version in versions:
+        run_id, _ = runs[int(version.version) - 1]
+        assert version.description.startswith("**spam-finetune** stage, spam model. Base model: gpt2-small.")
+        assert f"`final/test.accuracy`: {0.9375 - (int(version.version) - 1) / 8:.4g}" in version.description
+        assert f"Source run: `{run_id}`" in version.description
     experiment = client.get_experiment_by_name("gptlab")
     logged = client.search_logged_models([experiment.experiment_id])
     assert {f"models:/{m.model_id}" for m in logged} == {uri for _, uri in runs}
@@ -186,11 +198,12 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
             tmp_path / "lm",
             **logged,
             defaults={"max_new_tokens": params.instruct.max_new_tokens},
+            headline={},
         )
     with stage_run("pretrain", "gptlab", {}) as tracker:
         sample = dataclasses.asdict(params.pretrain.sample)
         del sample["prompt"]
-        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample)
+        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample, headline={})
     capsys.readouterr()
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
@@ -233,7 +246,10 @@ def test_the_disabled_run_logs_and_registers_nothing(
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
     assert (
-        log_model(NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}) is None
+        log_model(
+            NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+        is None
     )
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.search_registered_models() == []

@@ -251,7 +251,7 @@ def test_cli_writes_the_report_and_exits_0(
     # Also logged to MLflow, as a `report` run holding the same text.
     client = MlflowClient(tracking_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("gptlab").experiment_id])
-    assert run.info.run_name == "report" and run.data.metrics["figures_ok"] == 1
+    assert run.info.run_name == "report" and run.data.tags["gptlab.figures_ok"] == "1"
     logged = Path(client.download_artifacts(run.info.run_id, "REPRODUCTION.md", str(tmp_path / "dl")))
     assert logged.read_text(encoding="utf-8") == text
 

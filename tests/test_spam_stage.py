@@ -193,8 +193,8 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     run = next(r for r in runs if r.info.run_name == "spam-finetune")
     metrics = json.loads((project / "reports" / "spam" / "metrics.json").read_text())
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["test.accuracy"] == pytest.approx(metrics["test"]["accuracy"])
-    assert run.data.metrics["test.f1"] == pytest.approx(metrics["test"]["f1"])
+    assert run.data.metrics["final/test.accuracy"] == pytest.approx(metrics["test"]["accuracy"])
+    assert run.data.metrics["final/test.f1"] == pytest.approx(metrics["test"]["f1"])
     assert run.data.params["spam.trainable"] == "all"
     run_id = run.info.run_id
     assert len(client.get_metric_history(run_id, "val_accuracy")) == EPOCHS
@@ -204,8 +204,13 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     counted = json.loads((project / "reports" / "spam" / "counts.json").read_text())
     # Final scores at the last step, the fresh head's once at step 0.
     last_step = counted["steps"] - 1
-    assert [m.step for m in client.get_metric_history(run_id, "test.accuracy")] == [last_step]
-    assert [m.step for m in client.get_metric_history(run_id, "initial.train_accuracy")] == [0]
+    assert [m.step for m in client.get_metric_history(run_id, "final/test.accuracy")] == [last_step]
+    assert [m.step for m in client.get_metric_history(run_id, "initial/train_accuracy")] == [0]
+    # The UI's first charts (metrics without a `/` section) are curves; single values and time are apart.
+    curves = {name for name in run.data.metrics if "/" not in name}
+    assert curves == {"train_loss", "val_loss", "train_accuracy", "val_accuracy", "examples_seen", "lr"}
+    assert all(len(client.get_metric_history(run_id, name)) > 1 for name in curves)
+    assert float(run.data.tags["gptlab.wall_seconds"]) > 0 and "wall_seconds" not in run.data.metrics
     assert run.data.tags["gptlab.steps"] == str(counted["steps"])
     artifacts = {a.path for folder in ("spam", "spam/reports") for a in client.list_artifacts(run_id, folder)}
     assert {
@@ -476,7 +481,10 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
         [MlflowClient().get_experiment_by_name("gptlab").experiment_id],
         filter_string="tags.`gptlab.stage` = 'spam-finetune'",
     )[0]
-    assert run.data.tags["gptlab.trainable_params"] == str(expected) and run.data.metrics["wall_seconds"] > 0
+    assert (
+        run.data.tags["gptlab.trainable_params"] == str(expected)
+        and float(run.data.tags["gptlab.wall_seconds"]) > 0
+    )
     # tracking.log_models false: the stage logs and registers no model (DVC alone keeps the checkpoint).
     assert "gptlab.model_uri" not in run.data.tags and MlflowClient().search_registered_models() == []
 

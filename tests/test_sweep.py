@@ -370,7 +370,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     for variant, row in rows.items():
         run = by_variant[variant]
         assert row["mlflow_run_id"] == run.info.run_id
-        assert float(row["wall_seconds"]) == pytest.approx(run.data.metrics["wall_seconds"])
+        assert float(row["wall_seconds"]) == pytest.approx(float(run.data.tags["gptlab.wall_seconds"]))
         assert int(run.data.tags["gptlab.trainable_params"]) == trainable[variant]
     # The variants took the committed shared stages from DVC's cache: pretrain ran once, in the workspace.
     pretrain = client.search_runs(

@@ -21,7 +21,8 @@ from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.typed_config import ConfigError, build
 
-DEFAULT_BASELINE = Path("baselines/smoke.yaml")
+BASELINES = Path("baselines")
+DEFAULT_BASELINE = BASELINES / "smoke.yaml"
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,8 @@ def load_baseline(path: Path) -> dict[str, dict[str, GuardedMetric]]:
     Every way the file can be unusable (missing, not UTF-8, not YAML, the wrong shape, a bad
     guard) is an InputError naming the file, and the line for YAML errors.
     """
-    if not path.is_file():
-        raise InputError(f"baseline {path} not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise InputError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+    data = _read_baseline(path)
+    if not isinstance(data.get("metrics"), dict):
         raise InputError(f"{path}: expected a mapping with a `metrics` section")
     baseline: dict[str, dict[str, GuardedMetric]] = {}
     for file, metrics in data["metrics"].items():
@@ -93,6 +85,77 @@ def load_baseline(path: Path) -> dict[str, dict[str, GuardedMetric]]:
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     return baseline
+
+
+def guarded_reports(path: Path) -> Path | None:
+    """The reports folder baseline `path` belongs to (its `reports:` key, project-relative), if it names one.
+
+    A baseline holds one run's values (the smoke profile's, the reference run's): checking or
+    updating it against another run's reports would compare, or overwrite, across profiles.
+    """
+    folder = _read_baseline(path).get("reports")
+    if folder is not None and not isinstance(folder, str):
+        raise InputError(f"{path}: reports: expected the folder it guards, e.g. .gptlab/smoke/reports")
+    return Path(folder) if folder else None
+
+
+def _read_baseline(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(f"baseline {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise InputError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a mapping with a `metrics` section")
+    return data
+
+
+def pairs_to_check(baseline: Path | None, reports: Path | None) -> list[tuple[Path, Path]]:
+    """Which (baseline, reports) pairs `gptlab metrics check` compares, from what was passed.
+
+    Nothing: every baseline under baselines/ with the reports folder it names, where that exists.
+    One of them: its partner. Both: that pair, as given.
+    """
+    if baseline is not None and reports is not None:
+        return [(baseline, reports)]
+    if baseline is not None:
+        if (own := guarded_reports(baseline)) is None:
+            raise InputError(f"{baseline} names no reports folder (`reports:`): pass --reports")
+        return [(baseline, own)]
+    known = {path: guarded_reports(path) for path in sorted(BASELINES.glob("*.yaml"))}
+    if reports is not None:
+        for path, own in known.items():
+            if own is not None and _same(own, reports):
+                return [(path, reports)]
+        raise InputError(
+            f"no baseline in {BASELINES}/ guards {reports}: pass --baseline, or create one with "
+            f"`gptlab metrics update-baseline --baseline {BASELINES}/NAME.yaml --reports {reports}`"
+        )
+    found = [(path, own) for path, own in known.items() if own is not None and own.is_dir()]
+    if not found:
+        folders = ", ".join(str(own) for own in known.values() if own is not None) or "none named"
+        raise InputError(
+            f"no run to check: the baselines' reports folders ({folders}) do not exist; run "
+            "`gptlab smoke` or `dvc repro` first, or pass --baseline and --reports"
+        )
+    return found
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _project_relative(folder: Path) -> Path:
+    """`folder` relative to the project root (the working directory) when inside it, as baselines name it."""
+    try:
+        return folder.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return folder.resolve()
 
 
 def flat_metrics(path: Path) -> dict[str, float]:
@@ -140,9 +203,15 @@ def check(baseline: Path, reports: Path) -> int:
     if failed:
         names = ", ".join(f"{r.file}:{r.metric} ({r.status})" for r in failed)
         print(f"\nFAILED: {len(failed)} of {len(rows)} metrics regressed or missing: {names}")
-        print(
-            f"If the change is intended: gptlab metrics update-baseline --baseline {baseline} --reports {reports}"
-        )
+        own = guarded_reports(baseline)
+        if own is None or _same(own, reports):
+            print(f"If the change is intended: gptlab metrics update-baseline --baseline {baseline}")
+        else:
+            print(
+                f"{baseline} holds the values of {own}, not of {reports}: to guard these, give them "
+                f"a baseline of their own (gptlab metrics update-baseline --baseline {BASELINES}/NAME.yaml "
+                f"--reports {reports})"
+            )
         return 1
     print(f"\nOK: {len(rows)} metrics within tolerance of {baseline}")
     return 0
@@ -173,7 +242,18 @@ def markdown_table(rows: list[Comparison]) -> str:
 
 
 def update_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
-    """Set every guarded metric's baseline to the current value; direction and tolerance stay."""
+    """Set every guarded metric's baseline to the current value; direction and tolerance stay.
+
+    Only from the reports folder the baseline names: another folder is another run (a
+    profile's, the reference run's), whose values would silently replace these.
+    """
+    own = guarded_reports(path)
+    if own is not None and not _same(own, reports_dir):
+        raise InputError(
+            f"{path} holds the values of {own}, not of {reports_dir}: updating it from there would "
+            f"replace one run's baseline with another's; create a baseline for {reports_dir} instead "
+            f"(gptlab metrics update-baseline --baseline {BASELINES}/NAME.yaml --reports {reports_dir})"
+        )
     baseline = load_baseline(path)
     rows = compare(baseline, reports_dir)
     missing = [f"{r.file}:{r.metric}" for r in rows if r.status == "missing"]
@@ -245,13 +325,14 @@ def create_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
             "perplexities or accuracies; run the pipeline (`dvc repro` or `gptlab smoke`) first"
         )
     data = {
+        "reports": _project_relative(reports_dir).as_posix(),
         "metrics": {
             file: {
                 key: {"baseline": g.baseline, "direction": g.direction, "tolerance": g.tolerance}
                 for key, g in guards.items()
             }
             for file, guards in baseline.items()
-        }
+        },
     }
     header = (
         f"# Metrics baseline created by `gptlab metrics update-baseline` from {reports_dir}.\n"
@@ -259,7 +340,7 @@ def create_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
         "# `tolerance` in the given direction (lower or higher is better). Default tolerances:\n"
         "# losses 1% (at least 0.01), perplexities 5%, accuracy/precision/recall/F1/ROUGE 0.03,\n"
         "# the judge's mean 3 points; counts (steps, tokens) are not guarded. Edit freely.\n"
-        f"# Accept new values on purpose: gptlab metrics update-baseline --baseline {path} --reports {reports_dir}\n"
+        f"# Accept new values on purpose: gptlab metrics update-baseline --baseline {path}\n"
     )
     _write_text(path, header + yaml.safe_dump(data, sort_keys=False))
     return compare(baseline, reports_dir)

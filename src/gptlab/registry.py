@@ -43,11 +43,13 @@ def log_model(
     experiment: str,
     bpe_files: tuple[Path, Path],
     defaults: Mapping[str, Any],
+    headline: Mapping[str, float],
 ) -> str | None:
     """Log a checkpoint folder as `run`'s MLflow pyfunc model and register it as a new version.
 
     `kind` is pretrain, spam or instruct; `bpe_files` GPT-2's vocab.bpe and encoder.json;
-    `defaults` the defaults of the signature's params (max_new_tokens, ...). The model
+    `defaults` the defaults of the signature's params (max_new_tokens, ...); `headline`
+    the run's final metrics, quoted in the version's description. The model
     holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
     as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),
     or None for the disabled run (torchrun ranks other than 0), which logs nothing.
@@ -80,9 +82,23 @@ def log_model(
         tags={"gptlab.kind": kind},
     )
     version = info.registered_model_version
+    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+    client.update_model_version(name, version, description=version_description(kind, run, headline))
     run.set_tags({"gptlab.model_uri": info.model_uri, "gptlab.registered_model": f"{name}/{version}"})
     print(f"logged model {info.model_uri}, registered as models:/{name}/{version}")
     return info.model_uri
+
+
+def version_description(kind: str, run: StageRun, headline: Mapping[str, float]) -> str:
+    """What the registry page shows of a version: its stage, base model, figures and source run."""
+    assert run.client is not None and run.run_id is not None
+    logged = run.client.get_run(run.run_id)
+    base = logged.data.tags.get("gptlab.base_model", "none (random initial weights)")
+    figures = "\n".join(f"- `{name}`: {value:.4g}" for name, value in headline.items())
+    return (
+        f"**{logged.info.run_name}** stage, {kind} model. Base model: {base}.\n\n"
+        f"{figures}\n\nSource run: `{run.run_id}` (experiment `{logged.info.experiment_id}`)."
+    )
 
 
 @contextmanager

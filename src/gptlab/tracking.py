@@ -50,6 +50,16 @@ _MAX_TAGS = 100
 _P = ParamSpec("_P")
 
 
+def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """`metrics` under `name/` (initial_val_loss -> initial/val_loss).
+
+    The MLflow UI draws each `/` prefix as its own section of charts after the
+    unprefixed ones, so a run's first charts are its curves (train_loss, val_loss,
+    lr ...) and its single-value figures sit apart, under initial/, final/ or eval/.
+    """
+    return {f"{name}/{key.removeprefix(name + '_')}": value for key, value in metrics.items()}
+
+
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
@@ -334,6 +344,10 @@ def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict
             found[variant] = {
                 "run_id": run.info.run_id,
                 "status": run.info.status,
-                "wall_seconds": run.data.metrics.get("wall_seconds"),
+                "wall_seconds": _float_tag(run.data.tags.get("gptlab.wall_seconds")),
             }
     return found
+
+
+def _float_tag(value: str | None) -> float | None:
+    return None if value is None else float(value)

@@ -400,6 +400,7 @@ def make_adamw(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Adam
 
 
 def _log_epochs(tracker: Tracker, rows: list[dict[str, Any]]) -> None:
-    numeric = [{k: v for k, v in row.items() if isinstance(v, int | float)} for row in rows]
+    # The epoch counter is no curve: the epoch rows' figures (accuracies ...) are.
+    numeric = [{k: v for k, v in row.items() if isinstance(v, int | float) and k != "epoch"} for row in rows]
     if numeric:
         tracker.log_history(numeric, step_key="step")

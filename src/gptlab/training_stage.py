@@ -28,7 +28,7 @@ from gptlab.model import GPTModel
 from gptlab.registry import log_model
 from gptlab.resume import resume_folder
 from gptlab.timing import LapClock
-from gptlab.tracking import StageRun, stage_run
+from gptlab.tracking import StageRun, section, stage_run
 from gptlab.train import TrainResult, fit
 from gptlab.typed_config import flatten
 
@@ -113,19 +113,30 @@ class TrainingRun:
         write_json(reports.folder / "metrics.json", reports.metrics)
         write_json(reports.folder / "counts.json", reports.counts)
         write_csv(reports.folder / "losses.csv", reports.losses)
-        final = {
-            k: v
-            for k, v in flatten(dict(reports.metrics)).items()
-            if not k.startswith("initial") and v is not None
-        }
+        final = section(
+            "final",
+            {
+                k: v
+                for k, v in flatten(dict(reports.metrics)).items()
+                if not k.startswith("initial") and v is not None
+            },
+        )
         self.tracker.log_metrics(final, step=result.global_step)
         self.tracker.set_tags({f"gptlab.{k}": v for k, v in reports.counts.items() if isinstance(v, int)})
         self.tracker.log_reports(reports.folder, f"{kind}/reports", skip=skip)
+        # Time is no metric (it differs run to run, and is no curve): tags the sweep table reads, and a file.
         seen_per_second = f"{result.seen_name.removesuffix('_seen')}_per_second"
-        timing = {"wall_seconds": result.wall_seconds, seen_per_second: result.seen_per_second}
-        timing |= LapClock.as_metrics(result.phase_seconds, "seconds_training_")
-        # Time is no DVC metric (it differs run to run): MLflow only, as the sweep table reads it.
-        self.tracker.log_metrics(timing, step=result.global_step)
+        self.tracker.set_tags(
+            {
+                "gptlab.wall_seconds": f"{result.wall_seconds:.3f}",
+                f"gptlab.{seen_per_second}": f"{result.seen_per_second:.1f}",
+            }
+        )
+        self.tracker.log_dict(
+            {"wall_seconds": result.wall_seconds, seen_per_second: result.seen_per_second}
+            | LapClock.as_metrics(result.phase_seconds),
+            f"{kind}/training_seconds.json",
+        )
         if self.params.tracking.log_models:
             log_model(
                 self.tracker,
@@ -134,6 +145,7 @@ class TrainingRun:
                 experiment=self.params.tracking.experiment,
                 bpe_files=self.params.data.bpe_files(),
                 defaults=model_defaults,
+                headline=final,
             )
 
 

@@ -1,8 +1,11 @@
 """`gptlab metrics check | update-baseline`: guard metrics against a committed baseline.
 
-`check` exits 0 when every guarded metric is within tolerance, 1 when one regressed or is
-missing, and 2 when it could not check (a missing or malformed baseline, no reports folder).
-`update-baseline` accepts the current values, or creates the baseline when it does not exist.
+Each baseline under baselines/ names the reports folder whose values it holds: smoke.yaml
+the smoke profile's (.gptlab/smoke/reports), reference.yaml the committed reference run's
+(reports). `check` with no arguments compares every such pair whose reports exist; it exits 0
+when every guarded metric is within tolerance, 1 when one regressed or is missing, and 2 when
+it could not check. `update-baseline` accepts the current values of the baseline's own
+reports, or creates a baseline when it does not exist.
 """
 
 from __future__ import annotations
@@ -10,16 +13,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gptlab.errors import InputError
 from gptlab.metrics_check import (
+    BASELINES,
     DEFAULT_BASELINE,
     check,
     compare,
     create_baseline,
+    guarded_reports,
     load_baseline,
     markdown_table,
+    pairs_to_check,
     update_baseline,
 )
-from gptlab.paths import REPORTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,28 +36,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "current values (creating the baseline if it does not exist)",
     )
     parser.add_argument(
-        "--baseline", type=Path, default=DEFAULT_BASELINE, help="baseline file (default: %(default)s)"
+        "--baseline",
+        type=Path,
+        default=None,
+        help=f"baseline file (check: default every {BASELINES}/*.yaml whose reports exist, or the one "
+        f"guarding --reports; update-baseline: default {DEFAULT_BASELINE})",
     )
     parser.add_argument(
         "--reports",
         type=Path,
-        default=REPORTS,
-        help="folder holding the run's <stage>/metrics.json files (default: %(default)s; "
-        "the smoke profile writes .gptlab/smoke/reports)",
+        default=None,
+        help="folder holding the run's <stage>/metrics.json files (default: the one the baseline names)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """0: within tolerance (or baseline written); 1: a metric regressed or is missing; 2: could not check."""
     if args.action == "check":
-        return check(args.baseline, args.reports)
-    if args.baseline.exists():
-        updated = update_baseline(args.baseline, args.reports)
-        rows = compare(load_baseline(args.baseline), args.reports)
-        done = f"{args.baseline}: {len(updated)} baseline values updated from {args.reports}"
+        pairs = pairs_to_check(args.baseline, args.reports)
+        results = []
+        for baseline, reports in pairs:
+            if len(pairs) > 1:
+                print(f"\n## {reports} against {baseline}\n")
+            results.append(check(baseline, reports))
+        return max(results)
+    baseline = args.baseline or DEFAULT_BASELINE
+    if baseline.exists():
+        reports = args.reports or guarded_reports(baseline)
+        if reports is None:
+            raise InputError(f"{baseline} names no reports folder (`reports:`): pass --reports")
+        updated = update_baseline(baseline, reports)
+        rows = compare(load_baseline(baseline), reports)
+        done = f"{baseline}: {len(updated)} baseline values updated from {reports}"
     else:
-        rows = create_baseline(args.baseline, args.reports)
-        done = f"created {args.baseline}: {len(rows)} metrics from {args.reports}; edit the tolerances freely"
+        if args.reports is None:
+            raise InputError(
+                f"{baseline} does not exist yet: pass --reports, the run whose values it will hold"
+            )
+        rows = create_baseline(baseline, args.reports)
+        done = f"created {baseline}: {len(rows)} metrics from {args.reports}; edit the tolerances freely"
     print(markdown_table(rows))
     print(f"\n{done}")
     return 0

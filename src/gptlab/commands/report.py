@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         with stage_run(
             "report", load_params().tracking.experiment, {"reports": str(args.reports)}
         ) as tracker:
-            tracker.log_metrics({"figures_ok": counts[OK], "figures_off": counts[OFF]})
+            tracker.set_tags({"gptlab.figures_ok": counts[OK], "gptlab.figures_off": counts[OFF]})
             tracker.log_text(out.read_text(encoding="utf-8"), "REPRODUCTION.md")
     print(
         f"{out}: {counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run of {len(outcomes)} "
