@@ -11,6 +11,10 @@ model, so the two sit side by side in the UI.
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,6 @@ from gptlab.generate import generate_text
 from gptlab.losses import dataset_loss, perplexity
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
-from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import section, stage_run
 from gptlab.typed_config import flatten

@@ -17,6 +17,10 @@ load-gpt2 run that wrote its base model.
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import dataclasses
 import functools
 import json
@@ -50,7 +54,6 @@ from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
 from gptlab.responses import generate_responses, rouge_l
 from gptlab.runtime import autocast
-from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun
 from gptlab.train import TrainResult

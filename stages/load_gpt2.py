@@ -20,6 +20,10 @@ each checkpoint's metadata names its own load-gpt2 run, for the fine-tunes to li
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import dataclasses
 import json
 from pathlib import Path
@@ -38,7 +42,6 @@ from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
 from gptlab.runtime import resolve_device
-from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import section, stage_run
 from gptlab.typed_config import ConfigError, flatten

@@ -11,6 +11,10 @@ Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and w
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import json
 import sys
 from pathlib import Path
@@ -30,7 +34,6 @@ from gptlab.model import GPTModel
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
 from gptlab.runtime import resolve_device
-from gptlab.stage import stage_main
 from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import section

@@ -17,6 +17,10 @@ its base model.
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,6 @@ from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
-from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun, section
 from gptlab.train import TrainResult

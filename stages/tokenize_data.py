@@ -13,6 +13,10 @@ import path, and a stages/tokenize.py would shadow the standard library's.)
 
 from __future__ import annotations
 
+from gptlab.stage import answer_arguments_first, stage_main
+
+answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
+
 import dataclasses
 import json
 from pathlib import Path
@@ -22,7 +26,6 @@ from gptlab.config import Params
 from gptlab.datasets import instruct, spam, verdict
 from gptlab.files import write_json
 from gptlab.paths import REPORTS
-from gptlab.stage import stage_main
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import stage_run
 from gptlab.typed_config import flatten

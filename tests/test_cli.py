@@ -5,16 +5,21 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from gptlab.cli import main
+from gptlab.cli import COMMANDS, main
 from gptlab.errors import GptlabError, InputError, describe_failure
 
 HEAVY = ("torch", "gptlab.model", "mlflow")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["metrics", "check", "--help"], ["export", "--help"]])
+COMMAND_NAMES = sorted(COMMANDS)
+STAGE_SCRIPTS = sorted(Path(__file__).resolve().parents[1].glob("stages/*.py"))
+
+
+@pytest.mark.parametrize("args", [["--help"], *([name, "--help"] for name in COMMAND_NAMES)])
 def test_help_imports_no_torch(args: list[str]) -> None:
     code = (
         "import sys\n"
@@ -25,6 +30,22 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "[]", out
+
+
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda path: path.name)
+def test_a_stage_script_answers_help_before_its_heavy_imports(script: Path) -> None:
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(script)!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code)\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith(f"usage: {script.name} [-h] [--params PARAMS]"), out
+    assert out.splitlines()[-2:] == ["exit 0", "[]"], out
 
 
 def test_expected_failures_are_one_line_and_bugs_keep_their_traceback() -> None:

@@ -16,13 +16,10 @@ from pathlib import Path
 import yaml
 
 from gptlab.config import PARAMS_FILE, Params, load_params
-from gptlab.distributed import is_main
 from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
 
 
-def stage_main(
-    run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
-) -> None:
+def stage_parser(description: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--params",
@@ -30,7 +27,25 @@ def stage_main(
         default=PARAMS_FILE,
         help="params file to read (default: %(default)s)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def answer_arguments_first(module: str, description: str | None) -> None:
+    """Parse a stage script's arguments before its heavy imports: `--help` (or a typo) answers at once.
+
+    Called at the top of each script with its `__name__`: imported (by tests, by another
+    module), it does nothing.
+    """
+    if module == "__main__":
+        stage_parser(description).parse_args()
+
+
+def stage_main(
+    run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
+) -> None:
+    args = stage_parser(description).parse_args(argv)
+    from gptlab.distributed import is_main  # torch: not before the arguments were read
+
     if not is_main():  # another torchrun process: rank 0 speaks for all of them
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
