@@ -691,7 +691,11 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
         return real_run(args, *rest, **kwargs)
 
     monkeypatch.setattr(smoke.subprocess, "run", fake_run)
-    monkeypatch.setattr(smoke, "prepare_workspace", lambda project, workdir: None)
+    monkeypatch.setattr(
+        smoke,
+        "prepare_workspace",
+        lambda project, workdir, source: real_run(["git", "init", "-q", str(workdir)]),
+    )
     smoke.run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / "ws")
     head = real_run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
     (env,) = calls

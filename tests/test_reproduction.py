@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from gptlab.reproduction import (
     render_markdown,
     write_report,
 )
+from gptlab.smoke import commit_workspace
 from gptlab.tracking import tracking_uri
 
 from helpers import PROJECT_ROOT
@@ -296,3 +298,29 @@ def test_malformed_book_file_makes_the_cli_exit_2(
     assert main(["report", "--reports", str(reports), "--book", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("gptlab report: ") and "figure 'typo'" in err and "\n" not in err
+
+
+def test_report_on_a_smoke_workspace_logs_to_its_experiment_and_names_the_projects_commit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "ws"
+    reports = workspace / "reports"
+    (reports / "pretrain").mkdir(parents=True)
+    (reports / "pretrain" / "metrics.json").write_text(json.dumps({"final_val_loss": 6.5}))
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["tracking"]["experiment"] = "gptlab-smoke"  # as `dvc exp run -S` leaves the profile's params
+    write_yaml(workspace / "params.yaml", params)
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    project_commit = "0123456789abcdef0123456789abcdef01234567"
+    commit_workspace(
+        workspace, "smoke run", {"GPTLAB_SOURCE_COMMIT": project_commit, "GPTLAB_SOURCE_DIRTY": "false"}
+    )
+    book = small_book(tmp_path / "book.yaml", figure("match"))
+
+    assert main(["report", "--reports", str(reports), "--book", str(book)]) == 0
+    header = (reports / "REPRODUCTION.md").read_text(encoding="utf-8")
+    assert "- commit: 0123456\n" in header  # the project's commit, not the throwaway repository's
+    client = MlflowClient(tracking_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("gptlab-smoke").experiment_id])
+    assert run.info.run_name == "report"
+    assert client.get_experiment_by_name("gptlab") is None

@@ -358,8 +358,14 @@ def _git_commit(root: Path) -> str | None:
         ).stdout.strip()
 
     try:
-        commit = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        # A `gptlab smoke` workspace names the project's commit in trailers (gptlab.smoke.commit_workspace).
+        source = git("log", "-1", "--format=%(trailers:key=Source-Commit,valueonly)")
+        if source:
+            dirty = git("log", "-1", "--format=%(trailers:key=Source-Dirty,valueonly)") == "true"
+            commit = source[:7]
+        else:
+            commit = git("rev-parse", "--short", "HEAD")
+            dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit} (uncommitted changes)" if dirty else commit

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from gptlab.errors import GptlabError
+from gptlab.lineage import SOURCE_COMMIT_ENV
 from gptlab.paths import REPORTS
 from gptlab.profiles import experiment_env, load_overrides, set_arguments
 
@@ -36,8 +38,12 @@ def smoke_model_hint(command: str, model: Path, raw_dir: Path) -> str:
     )
 
 
-def prepare_workspace(project: Path, workdir: Path) -> None:
-    """A fresh git repository holding the project's tracked and new (not ignored) files."""
+def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str]) -> None:
+    """A fresh git repository holding the project's tracked and new (not ignored) files.
+
+    The project's own run (dvc.lock and the stages' reports) stays behind: the workspace's
+    first commit is the pipeline and its inputs, and its second (`commit_run`) this profile's run.
+    """
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=project,
@@ -48,14 +54,32 @@ def prepare_workspace(project: Path, workdir: Path) -> None:
     if workdir.exists():
         shutil.rmtree(workdir)
     for name in filter(None, files):
-        source = project / name
-        if source.is_file():
+        source_file = project / name
+        if source_file.is_file() and not _project_run_output(Path(name)):
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, workdir / name)
-    git = ["git", "-c", "user.name=gptlab", "-c", "user.email=gptlab@localhost"]
+            shutil.copy2(source_file, workdir / name)
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    commit_workspace(workdir, "smoke workspace", source)
+
+
+def _project_run_output(name: Path) -> bool:
+    """dvc.lock and reports/<stage>/...: what the project's own `dvc repro` wrote."""
+    return name == Path("dvc.lock") or (name.parts[0] == REPORTS.name and len(name.parts) > 2)
+
+
+def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> None:
+    """Commit everything in the workspace, naming the project's commit in git trailers.
+
+    `gptlab report` reads them (gptlab.reproduction): the throwaway repository's own
+    commit says nothing about which code ran.
+    """
+    trailers = [f"Source-Commit: {source[SOURCE_COMMIT_ENV]}"] if SOURCE_COMMIT_ENV in source else []
+    if "GPTLAB_SOURCE_DIRTY" in source:
+        trailers.append(f"Source-Dirty: {source['GPTLAB_SOURCE_DIRTY']}")
+    message = title + ("\n\n" + "\n".join(trailers) if trailers else "")
+    git = ["git", "-c", "user.name=gptlab", "-c", "user.email=gptlab@localhost"]
     subprocess.run([*git, "add", "-A"], cwd=workdir, check=True)
-    subprocess.run([*git, "commit", "-qm", "smoke workspace"], cwd=workdir, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], cwd=workdir, check=True)
 
 
 def source_commit_env(project: Path) -> dict[str, str]:
@@ -73,17 +97,18 @@ def source_commit_env(project: Path) -> dict[str, str]:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}
-    return {"GPTLAB_SOURCE_COMMIT": commit, "GPTLAB_SOURCE_DIRTY": str(bool(status.strip())).lower()}
+    return {SOURCE_COMMIT_ENV: commit, "GPTLAB_SOURCE_DIRTY": str(bool(status.strip())).lower()}
 
 
 def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
     """Run every stage with the profile's overrides; returns the workspace's reports folder."""
     overrides = load_overrides(profile, project / "params.yaml")
-    prepare_workspace(project, workdir)
+    source = source_commit_env(project)
+    prepare_workspace(project, workdir, source)
     # Runs land in the project's own MLflow store (not the throwaway workspace) unless told otherwise,
     # tagged with the project's own commit, not the workspace's.
     env = experiment_env(project)
-    env.update(source_commit_env(project))
+    env.update(source)
     result = subprocess.run(
         ["dvc", "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
     )
@@ -91,4 +116,7 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
         raise GptlabError(
             f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
         )
+    # The run as the workspace's HEAD: `dvc metrics diff`, `dvc plots diff` and `gptlab compare`
+    # there then measure further experiments against it.
+    commit_workspace(workdir, f"{profile.stem} run", source)
     return workdir / REPORTS

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+
 from gptlab.paths import REPORTS
 from gptlab.reproduction import BOOK_FILE, NOT_RUN, OFF, OK, write_report  # light: torch only when needed
 
@@ -34,16 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _experiment_of(reports: Path) -> str:
+    """The experiment of the run reported on: as the params.yaml beside its reports names it (a
+    smoke workspace's holds the profile's), else the project's."""
+    from gptlab.config import load_params
+
+    beside = reports.resolve().parent / "params.yaml"
+    if beside.is_file():
+        named = (
+            (yaml.safe_load(beside.read_text(encoding="utf-8")) or {}).get("tracking", {}).get("experiment")
+        )
+        if isinstance(named, str) and named:
+            return named
+    return load_params().tracking.experiment
+
+
 def run(args: argparse.Namespace) -> int:
     out, outcomes = write_report(args.out, book_path=args.book, reports_dir=args.reports)
     counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
     if not args.no_mlflow:
-        from gptlab.config import load_params
         from gptlab.tracking import stage_run
 
-        with stage_run(
-            "report", load_params().tracking.experiment, {"reports": str(args.reports)}
-        ) as tracker:
+        with stage_run("report", _experiment_of(args.reports), {"reports": str(args.reports)}) as tracker:
             tracker.set_tags({"gptlab.figures_ok": counts[OK], "gptlab.figures_off": counts[OFF]})
             tracker.log_text(out.read_text(encoding="utf-8"), "REPRODUCTION.md")
     print(
