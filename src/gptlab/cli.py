@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("gptlab.commands.chat", "answer an instruction with the instruction-tuned model"),
     "run": ("gptlab.commands.run", "run the pipeline as a DVC experiment with a profile's overrides"),
     "smoke": ("gptlab.commands.smoke", "run all stages on a small profile, then check its metrics"),
+    "compare": (
+        "gptlab.commands.compare",
+        "the experiments of `dvc exp show`: params that differ and headline metrics",
+    ),
     "sweep": (
         "gptlab.commands.sweep",
         "run a sweep file's variants as queued DVC experiments and write their table",

@@ -42,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
     result = subprocess.run(command, env=experiment_env(project))
     if result.returncode:
         raise GptlabError(f"experiment {name} failed (dvc exp run exited {result.returncode})")
-    print(f"\nexperiment {name} done: compare it with `dvc exp show` (or `dvc exp diff`)")
+    print(f"\nexperiment {name} done: compare it with `gptlab compare` (or `dvc exp show`, `dvc exp diff`)")
     return 0
