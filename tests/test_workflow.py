@@ -100,7 +100,7 @@ def test_the_workflow_runs_only_commands_the_readme_gives() -> None:
     # It checks the smoke run's metrics where `gptlab smoke` writes them.
     smoke_reports = (SMOKE_WORKDIR / REPORTS).as_posix()
     assert f"gptlab metrics check --reports {smoke_reports}" in ours
-    assert f"cd {SMOKE_WORKDIR.as_posix()} && dvc metrics diff --md" in ours
+    assert f"cd {SMOKE_WORKDIR.as_posix()} && dvc metrics diff --md --all" in ours
     assert any(command.startswith("gptlab smoke") for command in ours)
 
 
