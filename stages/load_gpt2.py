@@ -4,7 +4,8 @@ For each distinct base model the fine-tune stages name (spam.base_model,
 instruct.base_model), writes a gptlab checkpoint to models/gpt2/<name>/:
 - gpt2.source huggingface: OpenAI's weights file, pinned by revision and sha256,
   taken from gpt2.download_dir/<name>/ if already there, else the mirror
-  (GPTLAB_MIRROR/gpt2-weights/<name>/), else Hugging Face; then converted.
+  (GPTLAB_MIRROR/gpt2-weights/<name>/), else the Hugging Face cache through the
+  hub client (hub_weights.py); then converted.
 - gpt2.source pretrain: this pipeline's models/pretrain taken through the same
   export -> import path (its own output head kept as `lm_head.weight`, so the
   model has exactly the checkpoint's logits), so both fine-tunes can run with no
@@ -33,11 +34,12 @@ from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
 from gptlab.config import Params
 from gptlab.datasets.verdict import SPLITS, SUBDIR, GPTDatasetV1, load_split
 from gptlab.errors import InputError
-from gptlab.fetch import FetchError, ensure_file, mirror_dir, sha256_file
+from gptlab.fetch import mirror_dir, sha256_file
 from gptlab.files import write_json
 from gptlab.generate import generate_text
 from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
-from gptlab.inputs import WEIGHTS_SUBDIR, weights_url
+from gptlab.hub_weights import resolve_weights, weights_url
+from gptlab.inputs import WEIGHTS_SUBDIR
 from gptlab.losses import dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
@@ -55,7 +57,7 @@ def base_model_names(params: Params) -> list[str]:
 
 
 def obtain_weights(name: str, params: Params) -> Path:
-    """OpenAI's pinned weights file for `name`: present, mirror, then URL; FetchError says what to do."""
+    """OpenAI's pinned weights file for `name`: present, mirror, then the HF cache; FetchError says what to do."""
     if name not in params.gpt2.weights:
         raise ConfigError(
             f"gpt2.weights.{name}: missing key; a fine-tune names {name!r} as its base model, so pin its "
@@ -63,19 +65,14 @@ def obtain_weights(name: str, params: Params) -> Path:
         )
     pin = params.gpt2.weights[name]
     mirror = mirror_dir()
-    try:
-        return ensure_file(
-            Path(params.gpt2.download_dir) / name / pin.filename,
-            url=weights_url(pin),
-            sha256=pin.sha256,
-            mirror_file=mirror / WEIGHTS_SUBDIR / name / pin.filename if mirror else None,
-            size=pin.size,
-        )
-    except FetchError as exc:
-        raise FetchError(
-            f"{exc}\nOr run fully offline on this pipeline's own pretrained model: set "
-            "`gpt2.source: pretrain` in params.yaml (the fine-tunes then start from models/pretrain)."
-        ) from exc
+    return resolve_weights(
+        pin,
+        f"gpt2.weights.{name}",
+        Path(params.gpt2.download_dir) / name / pin.filename,
+        mirror / WEIGHTS_SUBDIR / name / pin.filename if mirror else None,
+        or_else="run fully offline on this pipeline's own pretrained model: set `gpt2.source: pretrain` "
+        "in params.yaml (the fine-tunes then start from models/pretrain)",
+    ).path
 
 
 def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[GPTModel, dict[str, Any]]:

@@ -1,12 +1,14 @@
-"""Helpers shared by the tests: the project's root and committed params, the test inputs, git/dvc runs."""
+"""Helpers shared by the tests: the project's root and committed params, the test inputs, git/dvc runs, HF caches."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import functools
+import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -196,3 +198,44 @@ def copy_project(dest: Path) -> None:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
     write_committed_params(dest)
+
+
+# Variables that would point a child process's huggingface_hub elsewhere than the HF_HOME a test sets.
+_HF_ENV_OVERRIDES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE")
+
+
+def hf_hub_cache(hf_home: Path, repo_id: str, revision: str, filename: str, data: bytes) -> Path:
+    """`data` cached as `filename` of model `repo_id` at `revision`, laid out as the hub client lays it out.
+
+    HF_HOME/hub/models--<org>--<name>/ holds the bytes once as blobs/<sha256> (an LFS file's etag),
+    snapshots/<revision>/<filename> as a relative symlink to that blob, and refs/main naming the
+    revision. Returns the snapshot path, the one hf_hub_download returns.
+    """
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    snapshot = repo / "snapshots" / revision / filename
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision, encoding="utf-8")
+    return snapshot
+
+
+def hf_env(hf_home: Path, **changes: str) -> dict[str, str]:
+    """This process's environment for a child whose huggingface_hub uses `hf_home`, offline unless changed.
+
+    huggingface_hub reads these variables once, when it is imported, so a test that sets them runs
+    the code under test in a fresh interpreter.
+    """
+    env = {key: value for key, value in os.environ.items() if key not in _HF_ENV_OVERRIDES}
+    return {**env, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", **changes}
+
+
+def closed_url() -> str:
+    """A local URL where nothing listens: every request to it is refused, as with no network."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

@@ -8,7 +8,6 @@ import hashlib
 import http.server
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -20,23 +19,23 @@ import platformdirs
 import pytest
 import yaml
 
-import gptlab.inputs
 from gptlab.cli import main as gptlab_main
 from gptlab.config import Sources
 from gptlab.fetch import sha256_file
 from gptlab.inputs import data_inputs
 
-from helpers import CACHE_ENV, cache_dir, committed_params, committed_params_raw, fetch_test_inputs
+from helpers import (
+    CACHE_ENV,
+    cache_dir,
+    closed_url,
+    committed_params,
+    committed_params_raw,
+    fetch_test_inputs,
+    hf_env,
+    hf_hub_cache,
+)
 
 TESTS_DIR = Path(__file__).resolve().parent
-
-
-def closed_url() -> str:
-    """A local URL where nothing listens: every request to it is refused, as with no network."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def pointed_at(base: str) -> Sources:
@@ -253,14 +252,39 @@ def test_mirror_command_writes_weights_at_gpt2_weights_name_filename(
     assert (out / "gpt2-weights" / "tiny" / "model.safetensors").read_bytes() == blob
     assert "gpt2.weights.tiny:" in capsys.readouterr().out
 
-    # Weights neither in the mirror nor reachable: exit 2, the file named, and how to skip weights.
+    # Weights neither in the mirror nor in the Hugging Face cache, offline: exit 2, the file named,
+    # and how to skip weights.
     (source / "gpt2-weights" / "tiny" / "model.safetensors").unlink()
-    monkeypatch.setattr(gptlab.inputs, "weights_url", lambda pin: f"{closed_url()}/{pin.filename}")
+    hf_home = tmp_path / "hf-home"
     again = tmp_path / "offline-2"
-    assert gptlab_main(["mirror", str(again), "--params", str(params)]) == 2
-    err = capsys.readouterr().err
-    assert "gpt2-weights/tiny/model.safetensors" in err and "--no-weights" in err
+    proc = mirror_command(again, params, hf_env(hf_home))
+    assert proc.returncode == 2
+    assert "gpt2.weights.tiny: model.safetensors of example/tiny-gpt2 at revision " in proc.stderr
+    assert "is not in the Hugging Face cache" in proc.stderr and "--no-weights" in proc.stderr
+    assert str(again / "gpt2-weights" / "tiny" / "model.safetensors") in proc.stderr
     assert not (again / "gpt2-weights").exists() or files_under(again / "gpt2-weights") == []
+
+    # In the Hugging Face cache: the hub client's file is verified and copied out (a mirror holds files).
+    hf_hub_cache(hf_home, "example/tiny-gpt2", "0" * 40, "model.safetensors", blob)
+    proc = mirror_command(again, params, hf_env(hf_home))
+    assert proc.returncode == 0, proc.stderr
+    assert (again / "gpt2-weights" / "tiny" / "model.safetensors").read_bytes() == blob
+    assert not (again / "gpt2-weights" / "tiny" / "model.safetensors").is_symlink()
+    assert (
+        f"gpt2.weights.tiny: {again / 'gpt2-weights/tiny/model.safetensors'} (4,096 bytes, huggingface)"
+        in proc.stdout
+    )
+
+
+def mirror_command(out: Path, params: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`gptlab mirror OUT` in a fresh interpreter, whose huggingface_hub reads `env` when imported."""
+    return subprocess.run(
+        [sys.executable, "-m", "gptlab.cli", "mirror", str(out), "--params", str(params)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_mirror_command_imports_no_torch(shared_data: Path, tmp_path: Path) -> None:

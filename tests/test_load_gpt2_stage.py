@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from gptlab.runtime import ordered_loader
 from gptlab.typed_config import ConfigError
 from stages.load_gpt2 import run
 
-from helpers import PROJECT_ROOT, committed_params_raw
+from helpers import PROJECT_ROOT, closed_url, committed_params_raw, hf_env, hf_hub_cache
 
 NAMES = ("gpt2-medium", "gpt2-small")
 MAX_LENGTH, STRIDE, BATCH = 32, 256, 2
@@ -192,17 +193,124 @@ def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], dama
     assert not Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")).exists()
 
 
-def test_unobtainable_weights_fail_fast_naming_url(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPTLAB_MIRROR", str(project / "empty-mirror"))
-    # Repos that do not exist: even with a network this never downloads real weights.
+def run_stage_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """stages/load_gpt2.py in a fresh interpreter, whose huggingface_hub reads `env` when imported."""
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "stages" / "load_gpt2.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def entries_under(folder: Path) -> list[str]:
+    """Every file, folder and symlink under `folder` (a Hugging Face cache holds all three)."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def hf_home(project: Path) -> tuple[Path, GPT2LMHeadModel]:
+    """A Hugging Face cache holding a tiny model as gpt2-small's file at the committed revision.
+
+    Both fine-tunes start from gpt2-small, whose pin takes the tiny file's sha256 and size.
+    """
+    model = random_hf_model(0)
+    model.save_pretrained(project / "hf-save", safe_serialization=True)
+    data = (project / "hf-save" / "model.safetensors").read_bytes()
+    pin = load_params().gpt2.weights["gpt2-small"]
+    hf_hub_cache(project / "hf-home", pin.repo_id, pin.revision, pin.filename, data)
+    edit_params(
+        **{
+            "spam/base_model": "gpt2-small",
+            "instruct/base_model": "gpt2-small",
+            "gpt2/weights/gpt2-small/sha256": hashlib.sha256(data).hexdigest(),
+            "gpt2/weights/gpt2-small/size": len(data),
+        }
+    )
+    return project / "hf-home", model
+
+
+def cached_snapshot(hf_home: Path) -> Path:
+    pin = load_params().gpt2.weights["gpt2-small"]
+    return hf_home / "hub" / "models--openai-community--gpt2" / "snapshots" / pin.revision / pin.filename
+
+
+@pytest.mark.slow
+def test_weights_resolve_offline_from_the_hf_cache(hf_home: tuple[Path, GPT2LMHeadModel]) -> None:
+    home, hf = hf_home
+    before = entries_under(home)
+    proc = run_stage_script(hf_env(home, GPTLAB_MIRROR=str(Path("no-mirror").absolute())))
+    assert proc.returncode == 0, proc.stderr
+
+    model, metadata = load_model(Path("models/gpt2/gpt2-small"))
+    ids = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-5)
+    assert metadata["sha256"] == load_params().gpt2.weights["gpt2-small"].sha256
+    # Read where the hub client keeps it: nothing added to the cache, nothing copied out of it.
+    assert entries_under(home) == before
+    assert not Path("data/weights").exists()
+
+
+def test_cached_weights_resolve_with_no_request(hf_home: tuple[Path, GPT2LMHeadModel]) -> None:
+    """Offline, and online at a closed endpoint: a file cached at the pinned commit is used as it lies."""
+    home, _ = hf_home
+    before = entries_under(home)
+    code = (
+        "from gptlab.config import load_params\n"
+        "from gptlab.hub_weights import hub_file\n"
+        "print(hub_file(load_params().gpt2.weights['gpt2-small'], 'gpt2.weights.gpt2-small', 'no other way'))\n"
+    )
+    for env in (hf_env(home), hf_env(home, HF_HUB_OFFLINE="0", HF_ENDPOINT=closed_url())):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == str(cached_snapshot(home))
+    assert entries_under(home) == before  # nothing downloaded again
+
+
+@pytest.mark.parametrize("damage", ["tampered", "truncated"])
+def test_damaged_blob_in_the_hf_cache_is_refused(hf_home: tuple[Path, GPT2LMHeadModel], damage: str) -> None:
+    home, _ = hf_home
+    blob = cached_snapshot(home).resolve()
+    data = bytearray(blob.read_bytes())
+    if damage == "tampered":
+        data[-1] ^= 0xFF  # a flipped bit inside a tensor: still a readable file, caught by the hash only
+    else:
+        data = data[: len(data) // 2]
+    blob.write_bytes(bytes(data))
+
+    proc = run_stage_script(hf_env(home, GPTLAB_MIRROR=str(Path("no-mirror").absolute())))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    pin = load_params().gpt2.weights["gpt2-small"]
+    assert line.startswith(
+        f"error: gpt2.weights.gpt2-small: {cached_snapshot(home)} in the Hugging Face cache"
+    )
+    assert f"has sha256 {hashlib.sha256(data).hexdigest()} ({len(data):,} bytes)" in line
+    assert f"not the pinned {pin.sha256} ({pin.size:,} bytes), and is not used" in line
+    assert "--force-download" in line
+    assert not Path("models/gpt2").exists() and not Path("data/weights").exists()
+
+
+def test_offline_with_an_empty_hf_cache_fails_in_one_line(project: Path) -> None:
+    # Repos that do not exist: even if offline mode were ignored, this never downloads real weights.
     edit_params(**{f"gpt2/weights/{name}/repo_id": f"gptlab-test/not-on-the-hub-{name}" for name in NAMES})
-    with pytest.raises(FetchError) as info:
-        run(load_params())
-    message = str(info.value)
-    assert "https://huggingface.co/gptlab-test/not-on-the-hub-gpt2-medium/resolve/" in message
-    assert "empty-mirror/gpt2-weights/gpt2-medium/model.safetensors" in message
-    assert "data/weights/gpt2-medium/model.safetensors" in message
-    assert "gpt2.source: pretrain" in message
+    home = project / "empty-hf-home"
+    proc = run_stage_script(hf_env(home, GPTLAB_MIRROR=str(project / "empty-mirror")))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        "error: gpt2.weights.gpt2-medium: model.safetensors of gptlab-test/not-on-the-hub-"
+    )
+    assert f"is not in the Hugging Face cache ({home / 'hub'}) and HF_HUB_OFFLINE is set" in line
+    assert "network access (https://huggingface.co/gptlab-test/not-on-the-hub-gpt2-medium/resolve/" in line
+    assert "HF_ENDPOINT" in line and "gpt2.source: pretrain" in line
+    assert "data/weights/gpt2-medium/model.safetensors" in line
+    assert "empty-mirror/gpt2-weights/gpt2-medium/model.safetensors" in line
+    assert not home.exists() and not Path("models/gpt2").exists()
 
 
 def test_base_model_without_pinned_weights_is_a_config_error(project: Path) -> None:

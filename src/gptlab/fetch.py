@@ -5,7 +5,8 @@ hash -> a mirror folder (GPTLAB_MIRROR: each file at its pinned path under it,
 as `gptlab mirror DIR` writes one) -> its URL.
 Bytes are hashed while they are copied into a temporary file beside the
 destination, and only a verified file is renamed into place, so a failure
-never leaves a partial or unverified file behind.
+never leaves a partial or unverified file behind. `fetch_local` stops before the
+URL, for files another client downloads (GPT-2's weights: see hub_weights.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 _USER_AGENT = "gptlab (urllib)"
 
-Origin = Literal["present", "mirror", "url"]
+Origin = Literal["present", "mirror", "url", "huggingface"]
 
 
 class FetchError(GptlabError):
@@ -77,23 +78,6 @@ def safe_relative_path(name: str, what: str) -> PurePosixPath:
     return posix
 
 
-def ensure_file(
-    dest: Path,
-    *,
-    url: str,
-    sha256: str,
-    mirror_file: Path | None = None,
-    member: str | None = None,
-    size: int | None = None,
-) -> Path:
-    """Make sure `dest` holds the file pinned by `sha256` (and `size`); returns `dest`.
-
-    `member` names the one file to extract when `url` serves a zip archive
-    (mirrors hold the extracted file). Raises FetchError when no source works.
-    """
-    return fetch(dest, url=url, sha256=sha256, mirror_file=mirror_file, member=member, size=size).path
-
-
 def fetch(
     dest: Path,
     *,
@@ -103,7 +87,11 @@ def fetch(
     member: str | None = None,
     size: int | None = None,
 ) -> Fetched:
-    """`ensure_file`, also saying where the file came from."""
+    """Make sure `dest` holds the file pinned by `sha256` (and `size`), and say where it came from.
+
+    `member` names the one file to extract when `url` serves a zip archive
+    (mirrors hold the extracted file). Raises FetchError when no source works.
+    """
     dest = Path(dest)
     pin = _Pin(dest, url, sha256.lower(), size, mirror_file)
     if member is not None:
@@ -112,18 +100,25 @@ def fetch(
         except ValueError as exc:
             raise pin.error(f"refused: {exc}") from None
 
-    present = pin.check_present()
-    if present is not None:
-        return present
-    if mirror_file is not None and mirror_file.is_file():
-        with mirror_file.open("rb") as src:
-            pin.publish(src, f"mirror file {mirror_file}")
-        return Fetched(dest, "mirror", dest.stat().st_size)
+    local = pin.from_disk()
+    if local is not None:
+        return local
     try:
         _download(pin, member)
     except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, zlib.error) as exc:
         raise pin.error(f"download failed: {type(exc).__name__}: {exc}") from exc
     return Fetched(dest, "url", dest.stat().st_size)
+
+
+def fetch_local(
+    dest: Path, *, url: str, sha256: str, mirror_file: Path | None = None, size: int | None = None
+) -> Fetched | None:
+    """`fetch` without its download: `dest` if it verifies, else a verified copy of `mirror_file`.
+
+    None when neither holds the file; `url` is only named in errors. Raises
+    FetchError when a file is there but does not match its pin.
+    """
+    return _Pin(Path(dest), url, sha256.lower(), size, mirror_file).from_disk()
 
 
 @dataclass(frozen=True)
@@ -146,6 +141,17 @@ class _Pin:
         if (self.size is None or actual_size == self.size) and sha256_file(self.dest) == self.sha256:
             return Fetched(self.dest, "present", actual_size)
         return None  # stale or damaged: replaced below, once a verified copy exists
+
+    def from_disk(self) -> Fetched | None:
+        """`dest` if it verifies, else a verified copy of the mirror file; None when neither is there."""
+        present = self.check_present()
+        if present is not None:
+            return present
+        if self.mirror_file is None or not self.mirror_file.is_file():
+            return None
+        with self.mirror_file.open("rb") as src:
+            self.publish(src, f"mirror file {self.mirror_file}")
+        return Fetched(self.dest, "mirror", self.dest.stat().st_size)
 
     @contextmanager
     def temp_file(self) -> Iterator[Path]:

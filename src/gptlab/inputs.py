@@ -4,7 +4,9 @@ A mirror folder holds each of `data.sources` at its `path` (the file itself,
 already extracted when its URL serves a zip) and each of `gpt2.weights` at
 `gpt2-weights/<name>/<filename>`. `fetch_input` puts one pinned file into a
 folder laid out that way, through the same fetch as the pipeline (present with
-the right hash -> GPTLAB_MIRROR -> its URL, sha256-verified, atomic).
+the right hash -> GPTLAB_MIRROR -> its URL, sha256-verified, atomic); weights
+come from the Hugging Face hub client instead of a URL (hub_weights.py) and are
+copied out of its cache, since a mirror folder must hold the files themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gptlab.config import HFWeights, Params, SourceFile, Sources
-from gptlab.fetch import Fetched, fetch, safe_relative_path
+from gptlab.fetch import Fetched, fetch, fetch_local, safe_relative_path
+from gptlab.hub_weights import resolve_weights, weights_url
 
 # Where weights files lie inside a mirror folder: gpt2-weights/<name>/<filename>.
 WEIGHTS_SUBDIR = "gpt2-weights"
@@ -30,11 +33,7 @@ class PinnedInput:
     sha256: str
     member: str | None = None  # the file to extract when `url` serves a zip archive
     size: int | None = None
-
-
-def weights_url(pin: HFWeights) -> str:
-    """The Hugging Face URL of a pinned weights file, at its pinned revision."""
-    return f"https://huggingface.co/{pin.repo_id}/resolve/{pin.revision}/{pin.filename}"
+    hub: HFWeights | None = None  # weights: obtained through the Hugging Face hub client, not `url`
 
 
 def data_inputs(sources: Sources) -> list[PinnedInput]:
@@ -56,7 +55,7 @@ def weights_inputs(params: Params) -> list[PinnedInput]:
         key = f"gpt2.weights.{name}"
         path = PurePosixPath(WEIGHTS_SUBDIR) / safe_relative_path(name, key)
         path /= safe_relative_path(pin.filename, f"{key}.filename")
-        pins.append(PinnedInput(key, path, weights_url(pin), pin.sha256, size=pin.size))
+        pins.append(PinnedInput(key, path, weights_url(pin), pin.sha256, size=pin.size, hub=pin))
     return pins
 
 
@@ -65,11 +64,15 @@ def fetch_input(pin: PinnedInput, folder: Path, mirror: Path | None = None) -> F
 
     Raises FetchError (a GptlabError) saying how to supply the file when no source works.
     """
-    return fetch(
-        Path(folder) / pin.path,
-        url=pin.url,
-        sha256=pin.sha256,
-        mirror_file=Path(mirror) / pin.path if mirror is not None else None,
-        member=pin.member,
-        size=pin.size,
-    )
+    dest = Path(folder) / pin.path
+    mirror_file = Path(mirror) / pin.path if mirror is not None else None
+    if pin.hub is None:
+        return fetch(
+            dest, url=pin.url, sha256=pin.sha256, mirror_file=mirror_file, member=pin.member, size=pin.size
+        )
+    got = resolve_weights(pin.hub, pin.key, dest, mirror_file)
+    if got.origin != "huggingface":
+        return got
+    copied = fetch_local(dest, url=pin.url, sha256=pin.sha256, mirror_file=got.path, size=pin.size)
+    assert copied is not None, f"{got.path} was verified a moment ago"
+    return dataclasses.replace(copied, origin="huggingface")

@@ -3,8 +3,9 @@
 Run it on a machine with internet, carry DIR to an offline one and set
 GPTLAB_MIRROR=DIR there: the download and load-gpt2 stages and the tests then
 take every input from it. Each file goes through the pipeline's own fetch
-(already in DIR with the right hash -> GPTLAB_MIRROR -> its URL), verified by
-sha256 and renamed into place only once complete.
+(already in DIR with the right hash -> GPTLAB_MIRROR -> its URL, or for weights
+the Hugging Face hub client and its cache), verified by sha256 and renamed into
+place only once complete.
 """
 
 from __future__ import annotations
