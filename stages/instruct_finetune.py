@@ -119,6 +119,7 @@ def run(params: Params) -> None:
             **trainable_metadata(cfg.trainable, trainable, cfg.lora),
             "mask_prompt": cfg.mask_prompt,
             "allowed_max_length": cfg.allowed_max_length,
+            "generation": {"max_new_tokens": cfg.max_new_tokens},  # how it answered: `gptlab chat`'s default
         }
         stage.publish(
             model,

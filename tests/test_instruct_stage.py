@@ -185,6 +185,7 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     assert model.cfg.num_classes is None and model.cfg.drop_rate == 0.0
     assert metadata["base_model"] == "gpt2-medium"
     assert metadata["steps"] == 4
+    assert metadata["generation"] == {"max_new_tokens": MAX_NEW_TOKENS}  # `gptlab chat`'s default
 
     # MLflow: a finished run with the metrics, the answer table, the reports and the checkpoint.
     (mlflow_run,) = stage_runs("gptlab")
@@ -221,16 +222,13 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
         assert rerun[key] == metrics[key]
     assert len(judge.prompts) == 1 + RECORDS
 
-    # `gptlab chat` answers a test instruction exactly as the stage did.
+    # `gptlab chat` answers a test instruction exactly as the stage did, with the model's own
+    # answer length (what the stage answered with), whatever params.yaml now says.
     record = responses[0]
-    args = [
-        "chat",
-        record["instruction"],
-        "--input",
-        record["input"],
-        "--max-new-tokens",
-        str(MAX_NEW_TOKENS),
-    ]
+    args = ["chat", record["instruction"], "--input", record["input"]]
+    edited = yaml.safe_load(Path("params.yaml").read_text())
+    edited["instruct"]["max_new_tokens"] = 1
+    Path("params.yaml").write_text(yaml.safe_dump(edited))
     capsys.readouterr()
     assert gptlab_main(args) == 0
     assert capsys.readouterr().out == record["model_response"] + "\n"

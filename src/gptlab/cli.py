@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import sys
 
 import yaml
 
+from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
 
 # name -> (module, one-line help)
@@ -50,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"gptlab {importlib.metadata.version('gptlab')}"
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=f"keep the libraries' INFO lines (MLflow's), here and in the stages it runs ({VERBOSE_ENV}=1)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command = importlib.import_module(module)
@@ -59,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:  # before any module that imports mlflow, and inherited by `dvc exp run`'s stages
+        os.environ[VERBOSE_ENV] = "1"
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)

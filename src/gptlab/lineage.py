@@ -23,10 +23,10 @@ from typing import Any
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
 
+from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+
 # The commit (and dirty flag) runs are tagged with when the code runs outside its own checkout,
 # e.g. `gptlab smoke` in its throwaway workspace: the project's real commit.
-SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
-SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
 # The tag naming the checkpoint a run wrote: the sha256 of its weights file.
 CHECKPOINT_TAG = "gptlab.checkpoint_sha256"
 

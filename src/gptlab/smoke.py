@@ -14,8 +14,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
 from gptlab.errors import GptlabError
-from gptlab.lineage import SOURCE_COMMIT_ENV
 from gptlab.paths import REPORTS
 from gptlab.profiles import experiment_env, load_overrides, set_arguments
 
@@ -74,8 +74,8 @@ def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> No
     commit says nothing about which code ran.
     """
     trailers = [f"Source-Commit: {source[SOURCE_COMMIT_ENV]}"] if SOURCE_COMMIT_ENV in source else []
-    if "GPTLAB_SOURCE_DIRTY" in source:
-        trailers.append(f"Source-Dirty: {source['GPTLAB_SOURCE_DIRTY']}")
+    if SOURCE_DIRTY_ENV in source:
+        trailers.append(f"Source-Dirty: {source[SOURCE_DIRTY_ENV]}")
     message = title + ("\n\n" + "\n".join(trailers) if trailers else "")
     git = ["git", "-c", "user.name=gptlab", "-c", "user.email=gptlab@localhost"]
     subprocess.run([*git, "add", "-A"], cwd=workdir, check=True)
@@ -97,7 +97,7 @@ def source_commit_env(project: Path) -> dict[str, str]:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}
-    return {SOURCE_COMMIT_ENV: commit, "GPTLAB_SOURCE_DIRTY": str(bool(status.strip())).lower()}
+    return {SOURCE_COMMIT_ENV: commit, SOURCE_DIRTY_ENV: str(bool(status.strip())).lower()}
 
 
 def run_profile(project: Path, profile: Path, workdir: Path) -> Path:

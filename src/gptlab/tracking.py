@@ -15,6 +15,7 @@ With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import time
@@ -31,6 +32,7 @@ from mlflow.tracking import MlflowClient
 
 from gptlab import lineage
 from gptlab.distributed import is_main
+from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
 
 DEFAULT_DB = "mlflow.db"
@@ -48,6 +50,11 @@ _MAX_METRICS = 1000
 _MAX_TAGS = 100
 
 _P = ParamSpec("_P")
+
+# MLflow's INFO lines (system metrics monitor started and stopped, input example validated) bury
+# a stage's own output: warnings only, unless `gptlab -v` or GPTLAB_VERBOSE=1 asks for them.
+if not os.environ.get(VERBOSE_ENV):
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:

@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        help="longest answer in tokens (default: the MLflow model's max_new_tokens, else "
-        "instruct.max_new_tokens of params.yaml)",
+        help="longest answer in tokens (default: the model's own: its MLflow signature's, else what "
+        "its stage answered with; else instruct.max_new_tokens of params.yaml)",
     )
     parser.add_argument(
         "--raw-dir",
@@ -82,18 +82,20 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
         raise InputError("the instruction is empty: say what the model should do")
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
-    # params.yaml fills in what the command line leaves out (so it runs from the project root).
-    bpe_files = source.bpe_files if args.raw_dir is None else None
-    # The logged model's own default answer length, else instruct.max_new_tokens of params.yaml.
-    max_new_tokens = args.max_new_tokens or source.defaults.get("max_new_tokens")
-    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
-    params = load_params() if needs_params else None
-    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
-    model, _ = load_model(model_dir, resolve_device(args.device))
+    model, metadata = load_model(model_dir, resolve_device(args.device))
     if model.cfg.num_classes is not None:
         raise InputError(
             f"{args.model or model_dir} is a classifier, not a language model: point --model at models/instruct"
         )
+    # The model's own answer length (its MLflow signature's default, else what its stage answered
+    # with), else instruct.max_new_tokens of params.yaml.
+    own = source.defaults.get("max_new_tokens") or metadata.get("generation", {}).get("max_new_tokens")
+    max_new_tokens = args.max_new_tokens or own
+    # params.yaml fills in what the command line and the model leave out (so it runs from the project root).
+    bpe_files = source.bpe_files if args.raw_dir is None else None
+    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
+    params = load_params() if needs_params else None
+    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
     entry = {"instruction": args.instruction, "input": args.input, "output": ""}
     if bpe_files is not None:
         tokenizer = gpt2_tokenizer(*bpe_files)
@@ -112,14 +114,22 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
             "--max-new-tokens"
             if args.max_new_tokens is not None
             else "the model's max_new_tokens"
-            if source.defaults.get("max_new_tokens")
+            if own
             else "instruct.max_new_tokens"
         )
         _warn(
             f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
             f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"
         )
-    print(generate_response(model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens))
+    answer = generate_response(model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens)
+    if not answer.strip():
+        trained = f" after {metadata['steps']} training steps" if "steps" in metadata else ""
+        _warn(
+            f"the model answered nothing{trained}: its first token was end-of-text (or only "
+            "whitespace came before it). A briefly trained model often does this; train it longer "
+            "(instruct.train.epochs), or rephrase the instruction"
+        )
+    print(answer)
     return 0
 
 

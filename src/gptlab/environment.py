@@ -1,0 +1,13 @@
+"""Environment variables that one gptlab process sets for another to read.
+
+A light module (no torch, no mlflow), so the CLI and `gptlab smoke` can name what the
+stages they start will read, without importing the modules that read it.
+"""
+
+from __future__ import annotations
+
+# Set (by `gptlab -v`) to keep the libraries' INFO lines, which gptlab.tracking otherwise quiets.
+VERBOSE_ENV = "GPTLAB_VERBOSE"
+# The project's commit, when a stage runs in a copy of it (a `gptlab smoke` workspace): gptlab.lineage.
+SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
+SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
