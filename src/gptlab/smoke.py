@@ -9,12 +9,14 @@ outputs and dvc.lock stay untouched.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV, VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.paths import REPORTS
 from gptlab.profiles import experiment_env, load_overrides, set_arguments
@@ -109,8 +111,9 @@ def run_profile(project: Path, profile: Path, workdir: Path) -> Path:
     # tagged with the project's own commit, not the workspace's.
     env = experiment_env(project)
     env.update(source)
+    dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.dvc_quiet"]
     result = subprocess.run(
-        ["dvc", "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
+        [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
     )
     if result.returncode:
         raise GptlabError(
