@@ -163,7 +163,7 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert resumed_run.data.tags["gptlab.resumed_from_step"].isdigit()
     assert "gptlab.resumed_from_step" not in rerun.data.tags
     assert rerun.data.params["pretrain.model.emb_dim"] == "32"
-    history = client.get_metric_history(rerun.info.run_id, "val_loss")
+    history = client.get_metric_history(rerun.info.run_id, "curves/val_loss")
     assert [m.step for m in history] == losses["step"].tolist()
     assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
     assert "final/val_perplexity" in rerun.data.metrics
@@ -171,8 +171,10 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
         float(rerun.data.tags["gptlab.wall_seconds"]) > 0
         and float(rerun.data.tags["gptlab.tokens_per_second"]) > 0
     )
-    # The UI's first charts (no `/` section) are the curves; the epoch counter and time are no metrics.
-    assert {m for m in rerun.data.metrics if "/" not in m} == {"train_loss", "val_loss", "tokens_seen", "lr"}
+    # The UI's first chart section is the curves; the epoch counter and time are no metrics.
+    curves = {m for m in rerun.data.metrics if m.startswith("curves/")}
+    assert curves == {"curves/train_loss", "curves/val_loss", "curves/tokens_seen", "curves/lr"}
+    assert all("/" in m for m in rerun.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
     assert {
         "pretrain/loss.png",

@@ -150,13 +150,13 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         full = train(run, cfg)
         first_id = run.run_id
     steps = [row["step"] for row in full.history]
-    history = client().get_metric_history(first_id, "train_loss")
+    history = client().get_metric_history(first_id, "curves/train_loss")
     assert [(m.step, m.value) for m in history] == [(row["step"], row["train_loss"]) for row in full.history]
-    assert [m.value for m in client().get_metric_history(first_id, "tokens_seen")] == [
+    assert [m.value for m in client().get_metric_history(first_id, "curves/tokens_seen")] == [
         row["tokens_seen"] for row in full.history
     ]
-    assert [m.step for m in client().get_metric_history(first_id, "lr")] == steps
-    assert [(m.step, m.value) for m in client().get_metric_history(first_id, "epoch_score")] == [
+    assert [m.step for m in client().get_metric_history(first_id, "curves/lr")] == steps
+    assert [(m.step, m.value) for m in client().get_metric_history(first_id, "curves/epoch_score")] == [
         (row["step"], row["epoch_score"]) for row in full.epochs
     ]
     assert "note" not in client().get_run(first_id).data.metrics
@@ -168,7 +168,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         second_id = run.run_id
     assert resumed.resumed_steps == full.steps and resumed.history == full.history
     assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
-    assert [m.step for m in client().get_metric_history(second_id, "val_loss")] == steps
+    assert [m.step for m in client().get_metric_history(second_id, "curves/val_loss")] == steps
 
 
 def test_an_unreachable_server_fails_fast_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,13 +57,14 @@ if not os.environ.get(VERBOSE_ENV):
     logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
-def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
-    """`metrics` under `name/` (initial_val_loss -> initial/val_loss).
+# The MLflow UI draws each `/` prefix of a metric's name as a section of charts, sections sorted
+# by name and unprefixed metrics last: curves first, then the single values under eval/, final/,
+# initial/ (gptlab.tracking.section), and system/ on its own tab.
+CURVES = "curves"
 
-    The MLflow UI draws each `/` prefix as its own section of charts after the
-    unprefixed ones, so a run's first charts are its curves (train_loss, val_loss,
-    lr ...) and its single-value figures sit apart, under initial/, final/ or eval/.
-    """
+
+def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """`metrics` under `name/` (initial_val_loss -> initial/val_loss): one section of the UI's charts."""
     return {f"{name}/{key.removeprefix(name + '_')}": value for key, value in metrics.items()}
 
 
@@ -103,10 +104,10 @@ class StageRun:
 
     @_live
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
-        """Log a metric history (e.g. a loss curve) in as few calls as possible."""
+        """Log curves (train_loss, val_loss, lr ... per step) under curves/, in as few calls as possible."""
         now = int(time.time() * 1000)
         entries = [
-            Metric(k, float(v), now, int(row[step_key]))
+            Metric(f"{CURVES}/{k}", float(v), now, int(row[step_key]))
             for row in rows
             for k, v in row.items()
             if k != step_key and v is not None

@@ -52,16 +52,12 @@ EpochEndFn = Callable[[int, nn.Module], Mapping[str, float | str]]
 class Tracker(Protocol):
     """What the loop logs through: a stage's MLflow run, or nothing."""
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
 
 
 class Untracked:
     """The tracker of a loop that logs nowhere (tests, benchmarks)."""
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        pass
 
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
         pass
@@ -322,7 +318,7 @@ def _log_evaluation(progress: Progress, bar: tqdm, tracker: Tracker, main: bool)
             f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
             file=sys.stderr,
         )
-    tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+    tracker.log_history([row])
 
 
 def _end_epoch(
