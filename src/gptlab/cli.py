@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": ("gptlab.commands.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
     "promote": ("gptlab.commands.promote", "set the champion alias of a registered model's version"),
+    "ui": ("gptlab.commands.ui", "start the MLflow UI on the project's store, at the experiment's runs"),
 }
 
 
