@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from gptlab.smoke import prepare_workspace
+from gptlab.smoke import prepare_workspace, source_commit_env
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("book", "default", "fast")
@@ -46,7 +46,7 @@ PHASES_PREFIX = "seconds by phase: "
 def prepared_project(workdir: Path) -> Path:
     """A copy of the project (as `gptlab smoke` makes one) with the download and tokenize stages run."""
     project = workdir / "project"
-    prepare_workspace(ROOT, project)
+    prepare_workspace(ROOT, project, source_commit_env(ROOT))
     for stage in ("download", "tokenize_data"):
         subprocess.run(
             [sys.executable, f"stages/{stage}.py"],
