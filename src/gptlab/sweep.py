@@ -24,9 +24,11 @@ error naming both, before anything is queued.
 profile's overrides when given, e.g. the smoke profile), queues each one with
 `dvc exp run --queue --name <sweep>-<variant> -S ... <stage>`, runs the queue
 with `dvc queue start --jobs N`, waits for it, and writes
-reports/sweeps/<sweep>.csv and .md: one row per variant with the params that
-differ between variants, the trainable parameters, the stage's scores and the
-training time. DVC does the scheduling, the temporary workspaces and the
+reports/sweeps/<sweep>.csv and .md (<sweep> is <file>-<profile> on a profile):
+one row per variant with what it ran with (STAGE_SETTINGS: what trains, the base
+model and where its weights come from, pooling, input length), the other params
+that differ between variants, the trainable parameters, the stage's scores and
+the training time. DVC does the scheduling, the temporary workspaces and the
 bookkeeping: `dvc exp show` lists every variant. Each variant starts from the
 last commit (plus changes to tracked files): the stages before the swept one
 whose dvc.lock entry is up to date there are checked out from DVC's cache, the
