@@ -454,7 +454,7 @@ def shared_stage_warnings(sweep: Sweep, dvc: Dvc, project: Path) -> list[str]:
         warnings.append(
             f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} not up to date in this workspace: every "
             f"variant runs {'it' if len(stale) == 1 else 'them'} again (with OpenAI's weights, load-gpt2 "
-            f"fetches them each time); run `dvc repro {stale[-1]}` and commit dvc.lock and reports/ first"
+            f"fetches them each time); run `dvc repro {' '.join(stale)}` and commit dvc.lock and reports/ first"
         )
     untracked = subprocess.run(
         ["git", "ls-files", "--others", "--exclude-standard", "--", "dvc.lock", str(REPORTS)],
