@@ -73,11 +73,14 @@ def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
     sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, name="spam-smoke")
     plain = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
-    assert sweep.profile_overridden == ["spam.trainable", "spam.train.lr"]
+    # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
     assert sweep.changes == plain.changes  # what each variant itself changes
     trains = {v: (p["spam.trainable"], p["spam.trainable_blocks"]) for v, p in sweep.effective.items()}
     assert trains["last_block"] == ("last_blocks", 1) and trains["last_two_blocks"] == ("last_blocks", 2)
     assert trains["all_layers"] == ("all", 1)
+    assert sweep.effective["last_block"]["spam.train.lr"] == 0.002  # the smoke profile's
+    assert sweep.effective["lora_appendix_e"]["spam.train.lr"] == 0.0008
     assert sweep.effective["lora"]["gpt2.source"] == "pretrain"  # the profile's other keys stay
     assert sweep.effective["lora"]["spam.train.epochs"] == 4
     # Each variant differs from chapter 6's setting in exactly what the file says it changes.
@@ -95,6 +98,7 @@ def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     )
     assert same_model_groups(sweep.stage, sweep.effective) == [["last_block", "gpt2_medium"]]
     assert "`last_block` and `gpt2_medium` train the same model" in "\n".join(cells)
+    assert "The `smoke` profile's `spam.trainable` is a setting this sweep compares" in "\n".join(cells)
 
 
 @pytest.mark.parametrize(
@@ -133,25 +137,34 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
         {
             "stage": "spam-finetune",
             "base": {"spam": {"train": {"epochs": 2}}},
-            "variants": {"plain": {}, "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}}},
+            "variants": {
+                "plain": {},
+                "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}},
+                "first": {"spam": {"pooling": "first"}},
+            },
         },
     )
-    profile = {"gpt2": {"source": "pretrain"}, "spam": {"trainable": "all", "train": {"lr": 0.01}}}
+    profile = {
+        "gpt2": {"source": "pretrain"},
+        "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
+    }
     sweep = load_sweep(path, PARAMS, profile=profile)
     assert sweep.name == "mine"
-    # The swept keys are pinned: params.yaml's trainable (not the profile's), the base's epochs.
+    # Every swept key is pinned: the profile's trainable is lora's, so plain takes params.yaml's;
+    # the base's epochs win over the profile's; the profile's pooling is no variant's, so it stays.
     assert sweep.variants["plain"] == {
         "gpt2.source": "pretrain",
         "spam.trainable": "last_blocks",
+        "spam.pooling": "mean",
         "spam.train.lr": 0.01,
         "spam.train.epochs": 2,
     }
-    assert sweep.profile_overridden == ["spam.trainable"]
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
     assert sweep.variants["lora"]["spam.train.epochs"] == 3 and sweep.changes["lora"] == {
         "spam.trainable": "lora",
         "spam.train.epochs": 3,
     }
-    assert sweep.effective["plain"]["spam.pooling"] == "last"  # params.yaml's, untouched by anyone
+    assert sweep.effective["first"]["spam.trainable_blocks"] == 1  # params.yaml's, untouched by anyone
     args = sweep.set_arguments("lora")
     assert args[-4:] == ["-S", 'tracking.sweep="mine"', "-S", 'tracking.sweep_variant="lora"']
     assert sweep.experiment("lora") == "mine-lora"
@@ -162,14 +175,11 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
     [
         # b sets params.yaml's own value.
         ({"a": {}, "b": {"spam": {"trainable": "last_blocks"}}}, None, "variants a and b run with"),
-        # y's epochs are swept, so x runs params.yaml's 5 epochs, which y sets too: the profile's 4 reaches neither.
+        # The profile's trainable is b's setting, so a takes params.yaml's, which b sets as well.
         (
-            {
-                "x": {"spam": {"pooling": "first"}},
-                "y": {"spam": {"pooling": "first", "train": {"epochs": 5}}},
-            },
-            {"spam": {"train": {"epochs": 4}}},
-            "variants x and y run with the same params on the p profile",
+            {"a": {}, "b": {"spam": {"trainable": "last_blocks"}}},
+            {"spam": {"trainable": "last_blocks", "train": {"epochs": 4}}},
+            "variants a and b run with the same params on the p profile",
         ),
     ],
 )
@@ -397,7 +407,8 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     # The command itself, writing the table of the (not yet run) variants: three distinct rows.
     assert main(["sweep", "blocks", "--profile", "everything", "--collect", "--out", "tables"]) == 1
     err = capsys.readouterr().err
-    assert "note: the everything profile sets spam.trainable, which this sweep varies" in err
+    assert "note: the everything profile's spam.trainable is a setting this sweep compares" in err
+    assert 'the variants that set no spam.trainable take params.yaml\'s "last_blocks" instead' in err
     rows = {row["variant"]: row for row in csv.DictReader((tmp_path / "tables/blocks-everything.csv").open())}
     assert [(rows[v]["spam.trainable"], rows[v]["spam.trainable_blocks"]) for v in rows] == [
         ("last_blocks", "1"),

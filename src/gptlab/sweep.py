@@ -13,12 +13,15 @@ of overrides of its own, plus optional one-line notes:
       lora: appendix E
 
 Every variant pins every param the sweep varies: a key that some variant sets is
-set in each of them, to params.yaml's value (or `base`'s) where the variant sets
-none. So `last_block` trains the last block under any profile: a profile's value
-of a swept key (the smoke profile's `spam.trainable: all`) never reaches a
-variant, and `gptlab sweep` says which keys it overrode. Two variants whose
-effective params (params.yaml <- profile <- base <- variant) are the same are an
-error naming both, before anything is queued.
+set in each of them. Where the variant sets none, it gets the value it would have
+anyway (params.yaml <- profile <- base), unless that is the profile's and one of
+the values the sweep compares: then params.yaml's (or `base`'s). So `last_block`
+trains the last block on any profile, although the smoke profile sets
+`spam.trainable: all` (the all_layers variant's setting), while the smoke
+profile's learning rate for its tiny model stays (no variant's). `gptlab sweep`
+names the profile keys it overrode. Two variants whose effective params
+(params.yaml <- profile <- base <- variant) are the same are an error naming
+both, before anything is queued.
 
 `gptlab sweep <name>` checks every variant against the params schema (under a
 profile's overrides when given, e.g. the smoke profile), queues each one with
@@ -192,8 +195,8 @@ class Sweep:
     profile: str | None = None
     # Each variant's effective params (params.yaml <- profile <- base <- variant), flattened.
     effective: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The profile's keys that the sweep varies, and so overrides in every variant.
-    profile_overridden: list[str] = field(default_factory=list)
+    # The profile's keys whose value the sweep compares, with what the variants setting none take instead.
+    profile_overridden: dict[str, Any] = field(default_factory=dict)
 
     @property
     def overridden(self) -> list[str]:
@@ -258,17 +261,13 @@ def load_sweep(
         if not isinstance(note, str):
             raise InputError(f"{path}: notes.{variant}: expected a string")
     params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
-    # In the order the file first sets them; the sweep's own keys are refused below.
-    swept = list(dict.fromkeys(k for changes in own.values() for k in flatten(changes) if k not in _OWN_KEYS))
-    # A key the sweep varies means the same in every variant whatever the profile says: params.yaml's
-    # (or the base's) value where the variant sets none, as the schema reads it (5e-05 is a float).
-    defaults = _typed(merge_overrides(params, base), f"{path}: base")
+    baseline, overridden = _baseline(own, base, dict(profile or {}), params, path)
     layered_base = merge_overrides(dict(profile or {}), base)
     variants: dict[str, dict[str, Any]] = {}
     effective: dict[str, dict[str, Any]] = {}
     for variant, changes in own.items():
         where = f"{path}: variants.{variant}"
-        pinned = {key: defaults[key] for key in swept if key in defaults and key not in flatten(changes)}
+        pinned = {key: value for key, value in baseline.items() if key not in flatten(changes)}
         layered = merge_overrides(merge_overrides(layered_base, nested(pinned)), changes)
         flat = flatten(layered)
         taken = [key for key in _OWN_KEYS if key in flat]
@@ -290,8 +289,39 @@ def load_sweep(
         description=description.strip(),
         profile=profile_name,
         effective=effective,
-        profile_overridden=[key for key in flatten(dict(profile or {})) if key in swept],
+        profile_overridden=overridden,
     )
+
+
+def _baseline(
+    own: Mapping[str, dict[str, Any]],
+    base: dict[str, Any],
+    profile: dict[str, Any],
+    params: dict[str, Any],
+    path: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The value of every swept key in a variant that sets none, and the profile's keys it overrides.
+
+    That is the value the variant would have anyway (params.yaml <- profile <- base), unless the
+    profile's value is one the sweep compares (the smoke profile's `spam.trainable: all` is the
+    all_layers variant's): then params.yaml's (or the base's), so no variant turns into another.
+    """
+    alternatives: dict[str, set[str]] = {}  # each swept key's values, as the schema reads them
+    for variant, changes in own.items():
+        typed = _typed(merge_overrides(params, changes), f"{path}: variants.{variant}")
+        for key in flatten(changes):
+            if key not in _OWN_KEYS:  # refused with its variant named, in load_sweep
+                alternatives.setdefault(key, set()).add(_canonical(typed.get(key, _UNSET)))
+    on_profile = _typed(merge_overrides(merge_overrides(params, profile), base), f"{path}: base")
+    without = _typed(merge_overrides(params, base), f"{path}: base")
+    from_profile = set(flatten(profile)) - set(flatten(base))
+    overridden = {
+        key: without[key]
+        for key in alternatives
+        if key in from_profile and _canonical(on_profile[key]) in alternatives[key]
+    }
+    values = {key: overridden.get(key, on_profile.get(key, _UNSET)) for key in alternatives}
+    return {key: value for key, value in values.items() if value is not _UNSET}, overridden
 
 
 def _typed(params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -421,11 +451,10 @@ class Dvc:
 def variant_notes(sweep: Sweep) -> list[str]:
     """What the variants run with that their names do not say: profile keys overridden, models that coincide."""
     notes = []
-    if sweep.profile_overridden:
-        keys = ", ".join(sweep.profile_overridden)
+    for key, value in sweep.profile_overridden.items():
         notes.append(
-            f"the {sweep.profile} profile sets {keys}, which this sweep varies: every variant sets them "
-            "itself (params.yaml's value where the sweep file gives none)"
+            f"the {sweep.profile} profile's {key} is a setting this sweep compares: the variants that "
+            f"set no {key} take params.yaml's {json.dumps(value)} instead"
         )
     for group in same_model_groups(sweep.stage, sweep.effective):
         notes.append(
@@ -774,12 +803,11 @@ def _markdown_intro(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, cs
         "varies run to run).",
         "",
     ]
-    if sweep.profile_overridden:
-        keys = ", ".join(f"`{key}`" for key in sweep.profile_overridden)
+    for key, value in sweep.profile_overridden.items():
         lines += [
-            f"The `{sweep.profile}` profile sets {keys}, which this sweep varies: every variant sets "
-            "them itself (to params.yaml's value where the sweep file gives none), so each row is "
-            "the variant its name says.",
+            f"The `{sweep.profile}` profile's `{key}` is a setting this sweep compares: the variants "
+            f"that set no `{key}` take params.yaml's `{json.dumps(value)}` instead, so each row is the "
+            "variant its name says.",
             "",
         ]
     for group in same_model_groups(sweep.stage, {row.variant: row.params for row in rows}):
