@@ -71,7 +71,9 @@ def test_committed_spam_sweep_holds_the_books_variants() -> None:
 def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     """The smoke profile trains every layer (spam.trainable: all): the variants override it, each its own way."""
     smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
-    sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, name="spam-smoke")
+    sweep = load_sweep(
+        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, profile_name="smoke", name="spam-smoke"
+    )
     plain = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
     # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
     assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
