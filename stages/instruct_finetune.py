@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ from gptlab.lora import add_lora, has_lora, merge_lora
 from gptlab.losses import dataset_loss
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
-from gptlab.responses import generate_responses, rouge_l
+from gptlab.responses import answer_room, generate_responses, prompt_ids, rouge_l
 from gptlab.runtime import autocast
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun
@@ -157,6 +158,7 @@ def _answer_and_score(
         )
         for split in ("val", "test")
     }
+    _warn_of_capped_answers(tokenizer, test_records, cfg, model.cfg.context_length)
     with autocast(device, cfg.train.precision):
         responses = generate_responses(
             model,
@@ -177,6 +179,25 @@ def _answer_and_score(
             record["judge_reply"] = verdict.reply
         metrics["judge"] = summarize([v.score for v in verdicts])
     return responses, metrics
+
+
+def _warn_of_capped_answers(
+    tokenizer: tiktoken.Encoding, records: list[dict[str, str]], cfg: InstructConfig, context_length: int
+) -> None:
+    """Say when the base model's context leaves less room than instruct.max_new_tokens (as `gptlab chat` does)."""
+    lengths = [len(ids) for ids in prompt_ids(tokenizer, records)]
+    rooms = answer_room(lengths, context_length=context_length, max_new_tokens=cfg.max_new_tokens)
+    capped = [room for room in rooms if room < cfg.max_new_tokens]
+    if capped:
+        print(
+            f"warning: instruct.max_new_tokens {cfg.max_new_tokens} capped for {len(capped)} of "
+            f"{len(rooms)} test answers at what the context of the base model {cfg.base_model} "
+            f"({context_length} tokens) leaves after their prompts: {min(capped)} to {max(capped)} tokens; "
+            "a longer context (OpenAI's GPT-2 reads 1,024 tokens; with gpt2.source: pretrain it is "
+            "pretrain.model.context_length) or a lower instruct.max_new_tokens avoids it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _metrics_and_counts(

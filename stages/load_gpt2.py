@@ -10,6 +10,11 @@ instruct.base_model), writes a gptlab checkpoint to models/gpt2/<name>/:
   export -> import path (its own output head kept as `lm_head.weight`, so the
   model has exactly the checkpoint's logits), so both fine-tunes can run with no
   network at all.
+A weights file says nothing of how to compute: each base model's config records the
+attention and other kernels the params ask for (pretrain.model.attention and
+.kernels: the book's masked softmax and kernels by default, SDPA and fused ones on
+the fast profile), and the fine-tunes, which rebuild their model from that config,
+compute as it says.
 Each model is then checked as the book does: loss and perplexity on The Verdict
 (the metric names of the eval stage) and a seeded sample. One MLflow run per
 model, named load-gpt2/<name> and tagged gptlab.base_model=<name>, so each sits beside
@@ -30,7 +35,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.checkpoint import WEIGHTS_FILE, read_config, save_model
+from gptlab.checkpoint import WEIGHTS_FILE, cpu_weights, load_model, read_config, save_weights
 from gptlab.config import Params
 from gptlab.datasets.verdict import SPLITS, SUBDIR, GPTDatasetV1, load_split
 from gptlab.errors import InputError
@@ -99,6 +104,15 @@ def import_base_model(name: str, params: Params, weights: Path | None) -> tuple[
     return roundtrip_checkpoint(PRETRAIN_MODEL), metadata
 
 
+def write_base_model(name: str, params: Params, weights: Path | None) -> dict[str, Any]:
+    """models/gpt2/<name>, computing with the kernels the params ask for; returns its metadata."""
+    model, metadata = import_base_model(name, params, weights)
+    kernels = params.pretrain.model
+    cfg = dataclasses.replace(model.cfg, attention=kernels.attention, kernels=kernels.kernels)
+    save_weights(cpu_weights(model), cfg, GPT2_MODELS / name, metadata)
+    return metadata
+
+
 def verdict_losses(model: GPTModel, params: Params, desc: str) -> dict[str, float]:
     """Loss and perplexity on The Verdict's splits, in order, every window (the eval stage's names)."""
     data = params.pretrain.data
@@ -132,6 +146,8 @@ def run(params: Params) -> None:
         **flatten(cfg, "gpt2"),
         "spam.base_model": params.spam.base_model,
         "instruct.base_model": params.instruct.base_model,
+        "pretrain.model.attention": params.pretrain.model.attention,
+        "pretrain.model.kernels": params.pretrain.model.kernels,
         **flatten(params.pretrain.data, "pretrain.data"),
         "data.processed_dir": params.data.processed_dir,
     }
@@ -159,10 +175,9 @@ def run(params: Params) -> None:
                     f"{split}_tokens": len(load_split(params.data.processed_dir, split)) for split in SPLITS
                 },
             )
-            model, metadata = import_base_model(name, params, weights[name])
-            save_model(model, GPT2_MODELS / name, metadata)
+            metadata = write_base_model(name, params, weights[name])
             tracker.record_checkpoint(GPT2_MODELS / name)
-            model.to(device).eval()
+            model, _ = load_model(GPT2_MODELS / name, device)  # checked as the fine-tunes will read it
             report[name] = verdict_losses(model, params, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)
             tracker.log_metrics(section("eval", report[name]))

@@ -4,7 +4,11 @@ Each test writes the book's own loop from its text (chapter 5's
 train_model_simple, chapter 6's train_classifier_simple and calc_accuracy_loader,
 chapter 7's reuse of chapter 5 with a custom collate function), runs it beside
 our `fit` from the same seed on a tiny model, and asserts that the two loss
-(and accuracy) sequences agree over several epochs.
+(and accuracy) sequences are equal, float for float, over several epochs.
+Chapters 6 and 7 start from a GPT-2 weights file laid out as OpenAI's: the book
+reads it with its load_weights_into_gpt, we with the load-gpt2 stage's conversion,
+its saved base model (the kernels the default params ask for) and the fine-tunes'
+load_model.
 """
 
 from __future__ import annotations
@@ -18,20 +22,25 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from gptlab.architecture import ModelConfig
+from gptlab.checkpoint import load_model
 from gptlab.classifier import accuracy, classification_loss, count_examples, make_classifier
 from gptlab.data_order import evaluation_loader
 from gptlab.datasets.instruct import instruction_collate
 from gptlab.datasets.verdict import GPTDatasetV1, encode, split_text
 from gptlab.generate import generate
+from gptlab.hf_gpt2 import expected_hf_shapes
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
+from gptlab.paths import GPT2_MODELS
 from gptlab.tokenizer import load_tokenizer
 from gptlab.train import fit
+from stages.load_gpt2 import write_base_model
 
-from helpers import checkpoint_config, train_config
+from helpers import checkpoint_config, committed_params, train_config
 
 BOOK = train_config(batch_size=4, epochs=3, lr=5e-3, eval_freq=2, eval_iter=2, rng="book")
 CHECKPOINTS = checkpoint_config(every_steps=1000, keep=1)
@@ -184,6 +193,89 @@ def greedy_sample(epoch: int, model: torch.nn.Module) -> dict[str, Any]:
     return {"sample": str(generate(model, torch.tensor([[1, 2, 3]]), 5)[0].tolist())}
 
 
+def book_assign_check(left, right):
+    if left.shape != right.shape:
+        raise ValueError(f"Shape mismatch. Left: {left.shape}, Right: {right.shape}")
+    return torch.nn.Parameter(right.clone().detach())
+
+
+def book_load_weights_into_gpt(gpt, params):
+    """The book's loader of OpenAI's GPT-2 from Hugging Face's safetensors file (ch05 bonus, weight loading)."""
+    gpt.pos_emb.weight = book_assign_check(gpt.pos_emb.weight, params["wpe.weight"])
+    gpt.tok_emb.weight = book_assign_check(gpt.tok_emb.weight, params["wte.weight"])
+    for b in range(len(gpt.trf_blocks)):
+        block = gpt.trf_blocks[b]
+        q_w, k_w, v_w = torch.chunk(params[f"h.{b}.attn.c_attn.weight"], 3, axis=-1)
+        block.att.W_query.weight = book_assign_check(block.att.W_query.weight, q_w.T)
+        block.att.W_key.weight = book_assign_check(block.att.W_key.weight, k_w.T)
+        block.att.W_value.weight = book_assign_check(block.att.W_value.weight, v_w.T)
+        q_b, k_b, v_b = torch.chunk(params[f"h.{b}.attn.c_attn.bias"], 3, axis=-1)
+        block.att.W_query.bias = book_assign_check(block.att.W_query.bias, q_b)
+        block.att.W_key.bias = book_assign_check(block.att.W_key.bias, k_b)
+        block.att.W_value.bias = book_assign_check(block.att.W_value.bias, v_b)
+        block.att.out_proj.weight = book_assign_check(
+            block.att.out_proj.weight, params[f"h.{b}.attn.c_proj.weight"].T
+        )
+        block.att.out_proj.bias = book_assign_check(
+            block.att.out_proj.bias, params[f"h.{b}.attn.c_proj.bias"]
+        )
+        block.ff.layers[0].weight = book_assign_check(
+            block.ff.layers[0].weight, params[f"h.{b}.mlp.c_fc.weight"].T
+        )
+        block.ff.layers[0].bias = book_assign_check(block.ff.layers[0].bias, params[f"h.{b}.mlp.c_fc.bias"])
+        block.ff.layers[2].weight = book_assign_check(
+            block.ff.layers[2].weight, params[f"h.{b}.mlp.c_proj.weight"].T
+        )
+        block.ff.layers[2].bias = book_assign_check(block.ff.layers[2].bias, params[f"h.{b}.mlp.c_proj.bias"])
+        block.norm1.scale = book_assign_check(block.norm1.scale, params[f"h.{b}.ln_1.weight"])
+        block.norm1.shift = book_assign_check(block.norm1.shift, params[f"h.{b}.ln_1.bias"])
+        block.norm2.scale = book_assign_check(block.norm2.scale, params[f"h.{b}.ln_2.weight"])
+        block.norm2.shift = book_assign_check(block.norm2.shift, params[f"h.{b}.ln_2.bias"])
+    gpt.final_norm.scale = book_assign_check(gpt.final_norm.scale, params["ln_f.weight"])
+    gpt.final_norm.shift = book_assign_check(gpt.final_norm.shift, params["ln_f.bias"])
+    gpt.out_head.weight = book_assign_check(gpt.out_head.weight, params["wte.weight"])
+
+
+# ---------------------------------------------------------------------- #
+# OpenAI's weights, as the book and the load-gpt2 stage each read them
+# ---------------------------------------------------------------------- #
+
+# A GPT-2 whose bare weights file load-gpt2 can read: 64-dimensional heads, c_attn biases.
+GPT2_TINY = dataclasses.replace(TINY, emb_dim=128, n_heads=2, qkv_bias=True)
+
+
+def openai_weights_file(path: Path) -> Path:
+    """Random weights laid out as OpenAI's model.safetensors on the hub: unprefixed, Conv1D, tied head."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, shape in expected_hf_shapes(GPT2_TINY).items():
+        scale = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+        tensors[name] = float(scale) + 0.05 * torch.randn(shape, generator=gen)
+    save_file(tensors, str(path))
+    return path
+
+
+def book_pretrained(weights: Path, drop_rate: float) -> GPTModel:
+    """The book's way: its GPTModel (masked softmax, its kernels) with load_weights_into_gpt."""
+    model = GPTModel(dataclasses.replace(GPT2_TINY, drop_rate=drop_rate))
+    book_load_weights_into_gpt(model, load_file(str(weights)))
+    return model.eval()
+
+
+def stage_pretrained(weights: Path, drop_rate: float) -> GPTModel:
+    """The pipeline's way: load-gpt2 converts and saves the base model, the fine-tune rebuilds it from there."""
+    write_base_model("gpt2-small", committed_params(), weights)  # the default params: OpenAI's weights
+    model, _ = load_model(GPT2_MODELS / "gpt2-small", drop_rate=drop_rate)
+    assert (model.cfg.attention, model.cfg.kernels) == ("masked_softmax", "book")
+    return model
+
+
+@pytest.fixture
+def weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # load-gpt2 writes models/gpt2/<name>
+    return openai_weights_file(tmp_path / "model.safetensors")
+
+
 # ---------------------------------------------------------------------- #
 # Chapter 5, 6 and 7 beside our loop
 # ---------------------------------------------------------------------- #
@@ -211,32 +303,32 @@ def test_chapter_5_loop(tmp_path: Path) -> None:
     )
 
     assert len(book[0]) == len(ours.history) == 8  # steps 0, 2, ..., 14
-    assert [r["train_loss"] for r in ours.history] == pytest.approx(book[0], abs=1e-6)
-    assert [r["val_loss"] for r in ours.history] == pytest.approx(book[1], abs=1e-6)
+    assert [r["train_loss"] for r in ours.history] == book[0]
+    assert [r["val_loss"] for r in ours.history] == book[1]
     assert [r["tokens_seen"] for r in ours.history] == book[2]
     assert [r["sample"] for r in ours.epochs] == [str(s) for s in book[3]]
 
 
-def test_chapter_6_loop_with_accuracies(tmp_path: Path) -> None:
+def test_chapter_6_loop_with_accuracies_from_openais_weights(tmp_path: Path, weights: Path) -> None:
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 50257, (30, 12), generator=gen)
     labels = torch.randint(0, 2, (30,), generator=gen)
     train, val = TensorDataset(ids[:22], labels[:22]), TensorDataset(ids[22:], labels[22:])
 
-    def base_model() -> GPTModel:
-        torch.manual_seed(0)  # the "pretrained" weights
-        return GPTModel(dataclasses.replace(TINY, drop_rate=0.0))
-
     # The book: seed before the loaders, the model, seed before the new head, seed before training.
     torch.manual_seed(123)
     train_loader, val_loader = book_loaders(train, val, BOOK.batch_size)
-    model = make_classifier(base_model(), 2, trainable="last_blocks", trainable_blocks=1, seed=123)
+    model = make_classifier(
+        book_pretrained(weights, 0.0), 2, trainable="last_blocks", trainable_blocks=1, seed=123
+    )
     torch.manual_seed(123)
     optimizer = torch.optim.AdamW(model.parameters(), lr=BOOK.lr, weight_decay=BOOK.weight_decay)
     book = book_train_classifier_simple(model, train_loader, val_loader, optimizer, BOOK.epochs, 2, 2)
 
-    # Ours, as the spam-finetune stage drives it.
-    ours_model = make_classifier(base_model(), 2, trainable="last_blocks", trainable_blocks=1, seed=123)
+    # Ours, as the load-gpt2 and spam-finetune stages drive it (spam.drop_rate 0.0).
+    ours_model = make_classifier(
+        stage_pretrained(weights, 0.0), 2, trainable="last_blocks", trainable_blocks=1, seed=123
+    )
     scores = {
         "train": evaluation_loader(train, BOOK.batch_size, "book", shuffled=True),
         "val": evaluation_loader(val, BOOK.batch_size, "book", shuffled=False),
@@ -256,19 +348,21 @@ def test_chapter_6_loop_with_accuracies(tmp_path: Path) -> None:
         cfg=BOOK,
         checkpoints=CHECKPOINTS,
         loss_fn=classification_loss("last"),
-        run_dir=tmp_path,
+        run_dir=tmp_path / "run",
         seen_name="examples_seen",
         count_seen=count_examples,
         on_epoch_end=epoch_accuracy,
     )
-    assert [r["train_loss"] for r in ours.history] == pytest.approx(book[0], abs=1e-6)
-    assert [r["val_loss"] for r in ours.history] == pytest.approx(book[1], abs=1e-6)
-    assert [r["train_accuracy"] for r in ours.epochs] == pytest.approx(book[2], abs=1e-6)
-    assert [r["val_accuracy"] for r in ours.epochs] == pytest.approx(book[3], abs=1e-6)
+    assert [r["train_loss"] for r in ours.history] == book[0]
+    assert [r["val_loss"] for r in ours.history] == book[1]
+    assert [r["train_accuracy"] for r in ours.epochs] == book[2]
+    assert [r["val_accuracy"] for r in ours.epochs] == book[3]
     assert ours.seen == book[4]
 
 
-def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
+def test_chapter_7_loop_with_the_instruction_collate_from_openais_weights(
+    tmp_path: Path, weights: Path
+) -> None:
     gen = torch.Generator().manual_seed(4)
     examples = [
         (torch.randint(0, 50256, (int(n),), generator=gen).tolist(), 3)
@@ -278,18 +372,14 @@ def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
     collate = functools.partial(instruction_collate, allowed_max_length=TINY.context_length)
     cfg = dataclasses.replace(BOOK, epochs=2)
 
-    def pretrained() -> GPTModel:
-        torch.manual_seed(0)
-        return GPTModel(TINY)
-
     torch.manual_seed(123)  # chapter 7: seed, loaders, the pretrained model, optimizer, seed, train
     train_loader, val_loader = book_loaders(train, val, cfg.batch_size, collate)
-    model = pretrained()
+    model = book_pretrained(weights, 0.1)  # with dropout: both draw its masks alike
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     torch.manual_seed(123)
     book = book_train_model_simple(model, train_loader, val_loader, optimizer, cfg.epochs, 2, 2)
 
-    ours_model = pretrained()
+    ours_model = stage_pretrained(weights, 0.1)  # instruct-finetune: load_model(base, drop_rate=...)
     torch.manual_seed(123)
     ours = fit(
         ours_model,
@@ -298,11 +388,11 @@ def test_chapter_7_loop_with_the_instruction_collate(tmp_path: Path) -> None:
         cfg=cfg,
         checkpoints=CHECKPOINTS,
         loss_fn=next_token_loss,
-        run_dir=tmp_path,
+        run_dir=tmp_path / "run",
         collate_fn=collate,
     )
-    assert [r["train_loss"] for r in ours.history] == pytest.approx(book[0], abs=1e-6)
-    assert [r["val_loss"] for r in ours.history] == pytest.approx(book[1], abs=1e-6)
+    assert [r["train_loss"] for r in ours.history] == book[0]
+    assert [r["val_loss"] for r in ours.history] == book[1]
     assert [r["tokens_seen"] for r in ours.history] == book[2]
 
 

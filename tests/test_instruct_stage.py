@@ -23,10 +23,12 @@ from gptlab.checkpoint import load_model, save_model
 from gptlab.cli import main as gptlab_main
 from gptlab.config import load_params
 from gptlab.datasets import instruct
+from gptlab.generate import generate
 from gptlab.judge import JudgeError
 from gptlab.model import GPTModel
+from gptlab.responses import extract_response
 from gptlab.stage import stage_main
-from gptlab.tokenizer import load_tokenizer
+from gptlab.tokenizer import END_OF_TEXT_ID, load_tokenizer
 from stages.instruct_finetune import run
 
 from helpers import PROJECT_ROOT, committed_params_raw
@@ -232,6 +234,40 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     capsys.readouterr()
     assert gptlab_main(args) == 0
     assert capsys.readouterr().out == record["model_response"] + "\n"
+
+
+@pytest.mark.slow
+def test_answers_stop_where_the_base_models_context_is_full_and_the_stage_says_so(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base with context 64 and instruct.max_new_tokens 256: no answer slides the window past its prompt."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["tracking"].update(system_metrics=False, log_models=False)
+    params["instruct"].update(allowed_max_length=64, max_new_tokens=256)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cfg = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
+    save_model(GPTModel(cfg), project / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
+
+    run(load_params())
+
+    import torch
+
+    # Each answer is the trained model's first (64 - prompt length) tokens, where 256 would go on.
+    tokenizer = load_tokenizer(Path(load_params().data.raw_dir))
+    model, _ = load_model(project / "models" / "instruct")
+    responses = json.loads((project / "reports" / "instruct" / "responses.json").read_text())
+    longer = 0
+    for record in responses:
+        prompt = tokenizer.encode(instruct.format_input(record))
+        room = max(64 - len(prompt), 0)
+        uncapped = generate(model, torch.tensor([prompt]), 256, eos_id=END_OF_TEXT_ID)[0].tolist()
+        text = tokenizer.decode(uncapped[: len(prompt) + room])
+        assert record["model_response"] == extract_response(text, instruct.format_input(record))
+        longer += len(uncapped) > len(prompt) + room
+    assert longer > 0  # an untrained model rambles on: the cap is what ended its answers
+    err = capsys.readouterr().err
+    assert f"warning: instruct.max_new_tokens 256 capped for {RECORDS} of {RECORDS} test answers" in err
+    assert "the context of the base model gpt2-medium (64 tokens)" in err
 
 
 def test_unreachable_judge_fails_before_training(

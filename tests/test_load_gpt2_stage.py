@@ -21,13 +21,14 @@ from torch.utils.data import DataLoader
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import load_model, save_model
+from gptlab.checkpoint import load_model, read_config, save_model
 from gptlab.config import load_params
 from gptlab.datasets.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
 from gptlab.fetch import FetchError, sha256_file
 from gptlab.lineage import weights_sha256
 from gptlab.losses import average_loss, next_token_loss
 from gptlab.model import GPTModel
+from gptlab.profiles import profile_params
 from gptlab.runtime import ordered_loader
 from gptlab.typed_config import ConfigError
 from stages.load_gpt2 import run
@@ -133,6 +134,7 @@ def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) ->
     for name, hf in hf_mirror.items():
         model, metadata = load_model(Path("models/gpt2") / name)
         assert model.cfg.qkv_bias and model.cfg.context_length == 64 and model.cfg.n_heads == 1
+        assert (model.cfg.attention, model.cfg.kernels) == ("masked_softmax", "book")  # the default params'
         with torch.no_grad():
             torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-5)
         pin = load_params().gpt2.weights[name]
@@ -365,6 +367,34 @@ def test_pretrain_source_through_the_stage_script(project: Path) -> None:
         for name in NAMES:
             assert report[name][f"{split}_loss"] == pytest.approx(own, rel=0, abs=1e-6)
     assert not list(Path("data/weights").glob("*/*"))  # nothing downloaded
+
+
+@pytest.mark.parametrize(
+    ("profile", "kernels"), [(None, ("masked_softmax", "book")), ("fast", ("sdpa", "fused"))]
+)
+def test_base_models_record_the_kernels_the_params_ask_for(
+    project: Path, profile: str | None, kernels: tuple[str, str]
+) -> None:
+    """The book's masked softmax and kernels by default, the fast profile's otherwise; never the config default."""
+    pretrained = tiny_pretrain_checkpoint()
+    assert pretrained.cfg.attention == "sdpa"  # what a bare weights file or ModelConfig would give
+    edit_params(**{"gpt2/source": "pretrain"})
+    params = (
+        load_params()
+        if profile is None
+        else profile_params(PROJECT_ROOT / "profiles" / f"{profile}.yaml", Path("params.yaml"))
+    )
+    run(params)
+
+    ids = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
+    for name in NAMES:
+        cfg, _ = read_config(Path("models/gpt2") / name)
+        assert (cfg.attention, cfg.kernels) == kernels, name
+        model, _ = load_model(Path("models/gpt2") / name)  # as the fine-tunes rebuild it
+        with torch.no_grad():  # the same function, whichever kernels compute it
+            torch.testing.assert_close(model(ids), pretrained(ids), rtol=0, atol=1e-5)
+    (logged,) = {r.data.params["pretrain.model.attention"] for r in stage_runs()}
+    assert logged == kernels[0]
 
 
 def test_pretrain_source_needs_the_pretrain_checkpoint(project: Path) -> None:

@@ -234,6 +234,55 @@ def test_another_checkpoint_cadence_after_a_crash_resumes_and_reruns_no_stage(pr
     assert snapshot(project) == after_crash
 
 
+@pytest.mark.slow
+def test_sigterm_ends_the_run_killed_and_keeps_what_the_rerun_resumes(project: Path) -> None:
+    """What `dvc queue kill`, `timeout` and schedulers send: the run ends KILLED at once, not left RUNNING."""
+    dvc(project, "repro", "tokenize")
+    stage = subprocess.Popen(
+        [sys.executable, "stages/pretrain.py"],
+        cwd=project,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while newest_step(project) == 0:
+        assert stage.poll() is None, "the pretrain stage ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.02)
+    stage.send_signal(signal.SIGTERM)
+    _, err = stage.communicate(timeout=120)
+    assert stage.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the signal"
+
+    client = MlflowClient(tracking_uri())
+    experiment = client.get_experiment_by_name("gptlab")
+
+    def pretrain_runs() -> list:
+        return client.search_runs(
+            [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
+        )
+
+    (killed,) = pretrain_runs()  # no rerun has closed it for it
+    assert killed.info.status == "KILLED" and killed.info.end_time is not None
+    saved = newest_step(project)
+    assert saved >= 4  # the state is kept (a save in flight is finished, not cut)
+
+    resumed = subprocess.run(
+        [sys.executable, "stages/pretrain.py"], cwd=project, env=env(), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
+    counted = json.loads((project / "reports/pretrain/counts.json").read_text())
+    assert counted["steps"] == 2 * 12
+    runs = {run.info.run_id: run for run in pretrain_runs()}
+    assert runs.pop(killed.info.run_id).info.status == "KILLED"
+    (rerun,) = runs.values()
+    assert rerun.info.status == "FINISHED" and rerun.data.tags["gptlab.resumed_from_step"] == str(saved)
+
+
 def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:
     history = [
         {

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from gptlab.architecture import ModelConfig
 from gptlab.datasets.instruct import format_input, format_prompt
 from gptlab.model import GPTModel
-from gptlab.responses import extract_response, generate_response, generate_responses, rouge_l
+from gptlab.responses import (
+    answer_room,
+    extract_response,
+    generate_response,
+    generate_responses,
+    prompt_ids,
+    rouge_l,
+)
 from gptlab.tokenizer import END_OF_TEXT_ID
 
 ENTRY = {
@@ -68,6 +78,34 @@ def test_generate_responses_keeps_records_in_order(tokenizer) -> None:
     records = [ENTRY, ENTRY_WITH_INPUT]
     answered = generate_responses(constant_model(ok), tokenizer, records, max_new_tokens=2)
     assert answered == [{**record, "model_response": "ok ok"} for record in records]
+
+
+def test_answers_are_capped_at_the_room_the_context_leaves(tokenizer) -> None:
+    """A base with context 64 asked for 256 new tokens: each answer ends where the context is full."""
+    (ok,) = tokenizer.encode(" ok")
+    no_room = {**ENTRY_WITH_INPUT, "input": "word " * 40}  # the prompt alone fills the context
+    records = [ENTRY, ENTRY_WITH_INPUT, no_room]
+    lengths = [len(ids) for ids in prompt_ids(tokenizer, records)]
+    assert lengths[0] != lengths[1] and max(lengths[:2]) < 64 < lengths[2]
+    assert answer_room(lengths, context_length=64, max_new_tokens=256) == [
+        64 - lengths[0],
+        64 - lengths[1],
+        0,
+    ]
+    model = constant_model(ok)  # context 64, and it never ends an answer itself
+    for batch_size in (1, 3):
+        answered = generate_responses(model, tokenizer, records, max_new_tokens=256, batch_size=batch_size)
+        assert [r["model_response"].split() for r in answered] == [["ok"] * (64 - n) for n in lengths[:2]] + [
+            []
+        ]
+
+
+def test_the_books_answers_have_all_the_room_they_ask_for(shared_data: Path, tokenizer) -> None:
+    """gpt2-medium's 1,024 positions hold every prompt of the book's data plus 256 new tokens: nothing is capped."""
+    records = json.loads((shared_data / "instruction-data.json").read_text(encoding="utf-8"))
+    lengths = [len(ids) for ids in prompt_ids(tokenizer, records)]
+    assert len(lengths) == 1100
+    assert answer_room(lengths, context_length=1024, max_new_tokens=256) == [256] * len(lengths)
 
 
 def test_rouge_l() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -29,13 +30,14 @@ from gptlab.sweep import (
     load_sweep,
     queue,
     run_queue,
+    same_model_groups,
     table_columns,
     to_csv,
     to_markdown,
 )
 from gptlab.typed_config import ConfigError
 
-from helpers import PROJECT_ROOT, copy_project, dvc, git
+from helpers import PROJECT_ROOT, copy_project, dvc, git, write_committed_params
 
 PARAMS = PROJECT_ROOT / "params.yaml"
 
@@ -48,25 +50,57 @@ def write_sweep(path: Path, data: dict[str, Any]) -> Path:
 def test_committed_spam_sweep_holds_the_books_variants() -> None:
     sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
     assert sweep.stage == "spam-finetune" and sweep.name == "spam"
-    changes = sweep.variants
-    trainables = {
-        (c.get("spam.trainable", "last_blocks"), c.get("spam.trainable_blocks", 1)) for c in changes.values()
-    }
+    variants = sweep.variants
+    # Every variant sets every swept key: params.yaml's value where the file gives none.
+    swept = {key for changes in sweep.changes.values() for key in changes}
+    assert all(swept <= set(overrides) for overrides in variants.values())
+    trainables = {(v["spam.trainable"], v["spam.trainable_blocks"]) for v in variants.values()}
     assert {("head", 1), ("last_blocks", 1), ("last_blocks", 2), ("all", 1), ("lora", 1)} <= trainables
-    assert {"last", "first", "mean", "mean_all"} == {c.get("spam.pooling", "last") for c in changes.values()}
-    assert changes["lora_appendix_e"] == {
+    assert {"last", "first", "mean", "mean_all"} == {v["spam.pooling"] for v in variants.values()}
+    assert sweep.changes["lora_appendix_e"] == {
         "spam.trainable": "lora",
         "spam.lora.rank": 16,
         "spam.lora.alpha": 16,
         "spam.train.lr": 0.0008,
     }
+    assert variants["last_block"]["spam.train.lr"] == 5e-05  # the schema's float, not YAML's '5e-05'
     assert set(sweep.notes) <= set(sweep.variants)
-    # Every variant also holds under the smoke profile (`gptlab sweep spam --profile smoke`).
-    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
-    on_smoke = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, name="spam-smoke")
-    assert on_smoke.variants["lora"]["gpt2.source"] == "pretrain"
-    assert on_smoke.changes["lora"] == sweep.changes["lora"]  # what the variant itself changes
     load_sweep(PROJECT_ROOT / "sweeps" / "instruct.yaml", PARAMS)
+
+
+def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
+    """The smoke profile trains every layer (spam.trainable: all): the variants override it, each its own way."""
+    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
+    sweep = load_sweep(
+        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, profile_name="smoke", name="spam-smoke"
+    )
+    plain = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
+    # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
+    assert sweep.changes == plain.changes  # what each variant itself changes
+    trains = {v: (p["spam.trainable"], p["spam.trainable_blocks"]) for v, p in sweep.effective.items()}
+    assert trains["last_block"] == ("last_blocks", 1) and trains["last_two_blocks"] == ("last_blocks", 2)
+    assert trains["all_layers"] == ("all", 1)
+    assert sweep.effective["last_block"]["spam.train.lr"] == 0.002  # the smoke profile's
+    assert sweep.effective["lora_appendix_e"]["spam.train.lr"] == 0.0008
+    assert sweep.effective["lora"]["gpt2.source"] == "pretrain"  # the profile's other keys stay
+    assert sweep.effective["lora"]["spam.train.epochs"] == 4
+    # Each variant differs from chapter 6's setting in exactly what the file says it changes.
+    base = sweep.effective["last_block"]
+    for variant, params in sweep.effective.items():
+        differ = {k for k in params if params[k] != base[k] and not k.startswith("tracking.")}
+        assert differ == {k for k, v in sweep.changes[variant].items() if base[k] != v}, variant
+    # The table's rows differ, and say which two train the same model under gpt2.source: pretrain.
+    rows = [Row(v, sweep.experiment(v), "queued", p, {}) for v, p in sweep.effective.items()]
+    cells = to_markdown(sweep, rows, commit=None, csv_name="x.csv").splitlines()
+    table = [line.split(" | ", 1)[1] for line in cells if line.startswith("| `")]
+    assert len(set(table)) == len(table) == 12
+    assert "| `last_block` | last 1 block + final norm + head | models/pretrain (as gpt2-small) | last |" in (
+        "\n".join(cells)
+    )
+    assert same_model_groups(sweep.stage, sweep.effective) == [["last_block", "gpt2_medium"]]
+    assert "`last_block` and `gpt2_medium` train the same model" in "\n".join(cells)
+    assert "The `smoke` profile's `spam.trainable` is a setting this sweep compares" in "\n".join(cells)
 
 
 @pytest.mark.parametrize(
@@ -105,25 +139,58 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
         {
             "stage": "spam-finetune",
             "base": {"spam": {"train": {"epochs": 2}}},
-            "variants": {"plain": {}, "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}}},
+            "variants": {
+                "plain": {},
+                "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}},
+                "first": {"spam": {"pooling": "first"}},
+            },
         },
     )
-    sweep = load_sweep(
-        path, PARAMS, profile={"gpt2": {"source": "pretrain"}, "spam": {"train": {"lr": 0.01}}}
-    )
+    profile = {
+        "gpt2": {"source": "pretrain"},
+        "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
+    }
+    sweep = load_sweep(path, PARAMS, profile=profile)
     assert sweep.name == "mine"
+    # Every swept key is pinned: the profile's trainable is lora's, so plain takes params.yaml's;
+    # the base's epochs win over the profile's; the profile's pooling is no variant's, so it stays.
     assert sweep.variants["plain"] == {
         "gpt2.source": "pretrain",
+        "spam.trainable": "last_blocks",
+        "spam.pooling": "mean",
         "spam.train.lr": 0.01,
         "spam.train.epochs": 2,
     }
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
     assert sweep.variants["lora"]["spam.train.epochs"] == 3 and sweep.changes["lora"] == {
         "spam.trainable": "lora",
         "spam.train.epochs": 3,
     }
+    assert sweep.effective["first"]["spam.trainable_blocks"] == 1  # params.yaml's, untouched by anyone
     args = sweep.set_arguments("lora")
     assert args[-4:] == ["-S", 'tracking.sweep="mine"', "-S", 'tracking.sweep_variant="lora"']
     assert sweep.experiment("lora") == "mine-lora"
+
+
+@pytest.mark.parametrize(
+    ("variants", "profile", "message"),
+    [
+        # b sets params.yaml's own value.
+        ({"a": {}, "b": {"spam": {"trainable": "last_blocks"}}}, None, "variants a and b run with"),
+        # The profile's trainable is b's setting, so a takes params.yaml's, which b sets as well.
+        (
+            {"a": {}, "b": {"spam": {"trainable": "last_blocks"}}},
+            {"spam": {"trainable": "last_blocks", "train": {"epochs": 4}}},
+            "variants a and b run with the same params on the p profile",
+        ),
+    ],
+)
+def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
+    tmp_path: Path, variants: dict[str, Any], profile: dict[str, Any] | None, message: str
+) -> None:
+    path = write_sweep(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
+    with pytest.raises(InputError, match=message):
+        load_sweep(path, PARAMS, profile=profile, profile_name="p" if profile else None)
 
 
 class FakeDvc:
@@ -218,30 +285,45 @@ def test_a_queue_without_workers_is_an_error_not_a_hang() -> None:
         run_queue(tiny_sweep(), fake, jobs=1, poll_seconds=0, out=io.StringIO())
 
 
-def test_table_shows_what_differs_and_marks_failures() -> None:
-    sweep = tiny_sweep()
-    base = {"spam.trainable": "all", "spam.pooling": "last", "gpt2.source": "pretrain"}
+CHAPTER_6 = {  # the effective params a row holds (those the table reads)
+    "spam.trainable": "last_blocks",
+    "spam.trainable_blocks": 1,
+    "spam.lora.rank": 16,
+    "spam.lora.alpha": 16,
+    "spam.base_model": "gpt2-small",
+    "spam.base_weights": "pretrained",
+    "gpt2.source": "huggingface",
+    "spam.pooling": "last",
+    "spam.max_length": None,
+    "spam.train.lr": 5e-05,
+}
+
+
+def test_table_shows_each_variants_effective_settings_and_marks_failures() -> None:
+    sweep = dataclasses.replace(
+        tiny_sweep(), variants={"a": {}, "b": {"spam.trainable": "lora", "spam.train.lr": 0.001}}
+    )
     rows = [
         Row(
             "a",
             "s-a",
             "success",
-            base,
+            CHAPTER_6,
             {"trainable_params": 1234, "train_accuracy": 0.5, "test_accuracy": 0.25},
             3.21,
             "r1",
         ),
-        Row("b", "s-b", "failed", {**base, "spam.trainable": "lora"}, {}, None, None),
+        Row("b", "s-b", "failed", {**CHAPTER_6, "spam.trainable": "lora", "spam.train.lr": 0.001}, {}),
     ]
-    assert table_columns(sweep, rows) == ["spam.trainable", "gpt2.source"]
+    # Every param the settings read, then the others that differ.
+    assert table_columns(sweep, rows) == list(CHAPTER_6)
     text = to_csv(sweep, rows)
     parsed = list(csv.DictReader(io.StringIO(text)))
     assert list(parsed[0]) == [
         "variant",
         "experiment",
         "status",
-        "spam.trainable",
-        "gpt2.source",
+        *CHAPTER_6,
         "trainable_params",
         "train_accuracy",
         "val_accuracy",
@@ -249,12 +331,32 @@ def test_table_shows_what_differs_and_marks_failures() -> None:
         "wall_seconds",
         "mlflow_run_id",
     ]
+    assert parsed[0]["spam.trainable"] == "last_blocks" and parsed[1]["spam.train.lr"] == "0.001"
     assert parsed[0]["test_accuracy"] == "0.25" and parsed[0]["wall_seconds"] == "3.21"
     assert parsed[1]["status"] == "failed" and parsed[1]["test_accuracy"] == ""
     markdown = to_markdown(sweep, rows, commit="abc1234", csv_name="s.csv")
-    assert "| `a` | all | pretrain | 1,234 | 50.00 % | — | 25.00 % | 3.2 s | success |" in markdown
+    assert (
+        "| variant | trains | base model | pooling | max length | `spam.train.lr` | trainable params |"
+        in markdown
+    )
+    assert (
+        "| `a` | last 1 block + final norm + head | OpenAI's gpt2-small | last | longest training message "
+        "| 5e-05 | 1,234 | 50.00 % | — | 25.00 % | 3.2 s | success |"
+    ) in markdown
+    assert "| `b` | LoRA rank 16, alpha 16 | OpenAI's gpt2-small |" in markdown
     assert "failed (`dvc queue logs s-b`)" in markdown
     assert "tags.gptlab.sweep = 's'" in markdown
+    assert "train the same model" not in markdown  # OpenAI's gpt2-small is no stand-in
+
+    # With our own pretrained model as every base, gpt2-medium names the same weights: the table says so.
+    ours = {**CHAPTER_6, "gpt2.source": "pretrain"}
+    rows = [
+        Row("a", "s-a", "success", ours, {}),
+        Row("m", "s-m", "success", {**ours, "spam.base_model": "gpt2-medium"}, {}),
+    ]
+    markdown = to_markdown(sweep, rows, commit=None, csv_name="s.csv")
+    assert "| `m` | last 1 block + final norm + head | models/pretrain (as gpt2-medium) |" in markdown
+    assert "`a` and `m` train the same model: with `gpt2.source: pretrain`" in markdown
 
 
 def test_sweep_outside_a_git_repository_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,6 +366,76 @@ def test_sweep_outside_a_git_repository_is_refused(tmp_path: Path, monkeypatch: 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert main(["sweep", "spam"]) == 2
+
+
+def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gptlab sweep --profile`: the profile trains every layer, yet each variant trains what it says."""
+    from gptlab.cli import main
+
+    (tmp_path / "sweeps").mkdir()
+    sweep_file = write_sweep(
+        tmp_path / "sweeps" / "blocks.yaml",
+        {
+            "stage": "spam-finetune",
+            "variants": {
+                "last_block": {},
+                "last_two_blocks": {"spam": {"trainable_blocks": 2}},
+                "all_layers": {"spam": {"trainable": "all"}},
+            },
+        },
+    )
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "everything.yaml").write_text("spam:\n  trainable: all\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    write_committed_params(tmp_path)
+    git(tmp_path, "init", "-q")
+    dvc(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "a project")
+    monkeypatch.chdir(tmp_path)
+
+    # What each variant is queued with: the swept keys pinned, over the profile's.
+    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", profile={"spam": {"trainable": "all"}})
+    fake = FakeDvc([{}])
+    queue(sweep, fake, out=io.StringIO())
+    queued = {c[4]: c for c in fake.calls if c[:3] == ("exp", "run", "--queue")}
+    assert {"-S", 'spam.trainable="last_blocks"', "spam.trainable_blocks=1"} <= set(
+        queued["blocks-last_block"]
+    )
+    assert 'spam.trainable="last_blocks"' in queued["blocks-last_two_blocks"]
+
+    # The command itself, writing the table of the (not yet run) variants: three distinct rows.
+    assert main(["sweep", "blocks", "--profile", "everything", "--collect", "--out", "tables"]) == 1
+    err = capsys.readouterr().err
+    assert "note: the everything profile's spam.trainable is a setting this sweep compares" in err
+    assert 'the variants that set no spam.trainable take params.yaml\'s "last_blocks" instead' in err
+    rows = {row["variant"]: row for row in csv.DictReader((tmp_path / "tables/blocks-everything.csv").open())}
+    assert [(rows[v]["spam.trainable"], rows[v]["spam.trainable_blocks"]) for v in rows] == [
+        ("last_blocks", "1"),
+        ("last_blocks", "2"),
+        ("all", "1"),
+    ]
+    markdown = (tmp_path / "tables/blocks-everything.md").read_text()
+    for variant, trains in [
+        ("last_block", "last 1 block + final norm + head"),
+        ("last_two_blocks", "last 2 blocks + final norm + head"),
+        ("all_layers", "every weight"),
+    ]:
+        assert f"| `{variant}` | {trains} | OpenAI's gpt2-small | last |" in markdown
+
+    # A variant that adds nothing to the profile's setting is refused before anything is queued.
+    write_sweep(
+        sweep_file,
+        {"stage": "spam-finetune", "variants": {"mine": {}, "again": {"spam": {"pooling": "last"}}}},
+    )
+    assert main(["sweep", "blocks", "--profile", "everything"]) == 2
+    assert (
+        "variants mine and again run with the same params on the everything profile"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 # --------------------------------------------------------------------------- end to end

@@ -8,11 +8,14 @@ with the KV cache, so answers are reproducible.
 `fit_to_context` makes one record fit a model's context for interactive use
 (`gptlab chat`): a long input is cropped at its end, never the instruction or
 the template, and the answer is capped at the room the context leaves.
+`generate_responses` caps each answer the same way (`answer_room`): past the
+context the window would slide, each further token would cost a forward pass
+over the whole context, and the answer would no longer see its instruction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import tiktoken
@@ -111,6 +114,16 @@ def fit_to_context(
     )
 
 
+def prompt_ids(tokenizer: tiktoken.Encoding, records: Iterable[Mapping[str, str]]) -> list[list[int]]:
+    """The token ids of each record's prompt (the Alpaca template up to its input), as the model reads it."""
+    return [text_to_token_ids(format_input(record), tokenizer)[0].tolist() for record in records]
+
+
+def answer_room(prompt_lengths: Sequence[int], *, context_length: int, max_new_tokens: int) -> list[int]:
+    """The longest answer of each prompt: max_new_tokens, capped at what the context leaves after it (0 if none)."""
+    return [max(0, min(max_new_tokens, context_length - length)) for length in prompt_lengths]
+
+
 def generate_responses(
     model: GPTModel,
     tokenizer: tiktoken.Encoding,
@@ -121,20 +134,23 @@ def generate_responses(
 ) -> list[dict[str, str]]:
     """Each record (instruction, input, output) with the model's answer added as `model_response`.
 
-    batch_size 1 answers one record at a time, as the book does. More answers
-    records of similar prompt lengths together (`generate_each`): the same
+    Each answer is capped at the room the model's context leaves after its prompt
+    (`answer_room`). batch_size 1 answers one record at a time, as the book does. More
+    answers records of similar prompt lengths together (`generate_each`): the same
     greedy answers up to float rounding, which batching may change.
     """
     records = list(records)
-    prompts = [text_to_token_ids(format_input(record), tokenizer)[0].tolist() for record in records]
+    prompts = prompt_ids(tokenizer, records)
+    rooms = answer_room(
+        [len(p) for p in prompts], context_length=model.cfg.context_length, max_new_tokens=max_new_tokens
+    )
     answers: list[str] = [""] * len(records)
     by_length = sorted(range(len(records)), key=lambda i: len(prompts[i]))  # little padding per batch
     with tqdm(total=len(records), desc="answering", unit="record") as progress:
         for start in range(0, len(records), batch_size):
             batch = by_length[start : start + batch_size]
-            for i, answer in zip(
-                batch, _answer_batch(model, [prompts[i] for i in batch], max_new_tokens), strict=True
-            ):
+            answered = _answer_batch(model, [prompts[i] for i in batch], [rooms[i] for i in batch])
+            for i, answer in zip(batch, answered, strict=True):
                 answers[i] = extract_response(tokenizer.decode(prompts[i] + answer), format_input(records[i]))
             progress.update(len(batch))
     return [
@@ -148,15 +164,13 @@ def generate_responses(
     ]
 
 
-def _answer_batch(model: GPTModel, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """The greedy answer ids of each prompt; one at a time where the window would slide (exact cropping)."""
-    if len(prompts) > 1 and max(map(len, prompts)) + max_new_tokens <= model.cfg.context_length:
-        return generate_each(model, prompts, max_new_tokens, eos_id=END_OF_TEXT_ID)
+def _answer_batch(model: GPTModel, prompts: list[list[int]], rooms: list[int]) -> list[list[int]]:
+    """The greedy answer ids of each prompt, each at most its room; together where all get the same room."""
+    if len(prompts) > 1 and len(set(rooms)) == 1 and rooms[0] > 0:  # then each prompt + room fits the context
+        return generate_each(model, prompts, rooms[0], eos_id=END_OF_TEXT_ID)
     return [
-        generate(model, torch.tensor([prompt]), max_new_tokens, eos_id=END_OF_TEXT_ID)[
-            0, len(prompt) :
-        ].tolist()
-        for prompt in prompts
+        generate(model, torch.tensor([prompt]), room, eos_id=END_OF_TEXT_ID)[0, len(prompt) :].tolist()
+        for prompt, room in zip(prompts, rooms, strict=True)
     ]
 
 

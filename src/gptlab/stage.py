@@ -3,14 +3,25 @@
 It parses `--params`, loads and checks params.yaml before any work, runs the
 stage, and turns an expected failure into one line on stderr and exit code 2,
 so DVC never caches a broken output. Under torchrun only rank 0 prints.
+
+SIGTERM (what `dvc queue kill`, `timeout` and schedulers send) stops a stage as
+Ctrl-C does: it raises `Terminated`, a KeyboardInterrupt, in the main thread, so
+the stage's MLflow run ends KILLED and its resumable state stays for the rerun
+(a save in flight is finished first); the stage exits with 143. Under torchrun
+the agent passes the signal on to every rank, and each stops the same way (one
+waiting in a collective stops once its peers have gone). A second SIGTERM acts
+as it did before: the process ends at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -40,6 +51,30 @@ def answer_arguments_first(module: str, description: str | None) -> None:
         stage_parser(description).parse_args()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the stage stops as on Ctrl-C (its MLflow run ends KILLED, its state is kept)."""
+
+
+@contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread; the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # None: installed outside Python
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM acts as before, during the cleanup too
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def stage_main(
     run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
 ) -> None:
@@ -49,7 +84,11 @@ def stage_main(
     if not is_main():  # another torchrun process: rank 0 speaks for all of them
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
-        run(load_params(args.params))
+        with sigterm_stops():
+            run(load_params(args.params))
+    except Terminated as exc:
+        print(f"{exc}: rerun the stage (one that trains resumes from its last checkpoint)", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)  # the shell's code for a process ended by SIGTERM
     except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug
         print(f"error: {describe_failure(exc)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)

@@ -12,13 +12,26 @@ of overrides of its own, plus optional one-line notes:
     notes:
       lora: appendix E
 
+Every variant pins every param the sweep varies: a key that some variant sets is
+set in each of them. Where the variant sets none, it gets the value it would have
+anyway (params.yaml <- profile <- base), unless that is the profile's and one of
+the values the sweep compares: then params.yaml's (or `base`'s). So `last_block`
+trains the last block on any profile, although the smoke profile sets
+`spam.trainable: all` (the all_layers variant's setting), while the smoke
+profile's learning rate for its tiny model stays (no variant's). `gptlab sweep`
+names the profile keys it overrode. Two variants whose effective params
+(params.yaml <- profile <- base <- variant) are the same are an error naming
+both, before anything is queued.
+
 `gptlab sweep <name>` checks every variant against the params schema (under a
 profile's overrides when given, e.g. the smoke profile), queues each one with
 `dvc exp run --queue --name <sweep>-<variant> -S ... <stage>`, runs the queue
 with `dvc queue start --jobs N`, waits for it, and writes
-reports/sweeps/<sweep>.csv and .md: one row per variant with the params that
-differ between variants, the trainable parameters, the stage's scores and the
-training time. DVC does the scheduling, the temporary workspaces and the
+reports/sweeps/<sweep>.csv and .md (<sweep> is <file>-<profile> on a profile):
+one row per variant with what it ran with (STAGE_SETTINGS: what trains, the base
+model and where its weights come from, pooling, input length), the other params
+that differ between variants, the trainable parameters, the stage's scores and
+the training time. DVC does the scheduling, the temporary workspaces and the
 bookkeeping: `dvc exp show` lists every variant. Each variant starts from the
 last commit (plus changes to tracked files): the stages before the swept one
 whose dvc.lock entry is up to date there are checked out from DVC's cache, the
@@ -93,13 +106,83 @@ STAGE_COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("rougeL_f1", "ROUGE-L F1", "reports/instruct/metrics.json", "rougeL_f1"),
     ),
 }
-# Params every table shows, whether or not they vary: whose weights the variants started from.
-ALWAYS_SHOWN = ("gpt2.source",)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A column of the Markdown table: some of a variant's effective params, in words."""
+
+    title: str
+    keys: tuple[str, ...]  # the params it reads; the CSV holds them as they are
+    describe: Callable[[Mapping[str, Any]], str]
+
+
+def _trains(section: str) -> Callable[[Mapping[str, Any]], str]:
+    def describe(params: Mapping[str, Any]) -> str:
+        trainable = params.get(f"{section}.trainable")
+        if trainable == "last_blocks":
+            blocks = params.get(f"{section}.trainable_blocks")
+            return f"last {blocks} block{'' if blocks == 1 else 's'} + final norm + head"
+        if trainable == "lora":
+            rank, alpha = params.get(f"{section}.lora.rank"), params.get(f"{section}.lora.alpha")
+            return f"LoRA rank {rank}, alpha {alpha}"
+        return {"head": "the new head only", "all": "every weight"}.get(str(trainable), str(trainable))
+
+    return describe
+
+
+def _base_model(section: str) -> Callable[[Mapping[str, Any]], str]:
+    def describe(params: Mapping[str, Any]) -> str:
+        name = params.get(f"{section}.base_model")
+        if params.get("gpt2.source") == PRETRAIN_SOURCE:
+            model = f"models/pretrain (as {name})"  # load-gpt2 converts our own model under every name
+        else:
+            model = f"OpenAI's {name}"
+        if params.get(f"{section}.base_weights") == "random":
+            return f"{model}: its architecture, random weights"
+        return model
+
+    return describe
+
+
+def _spam_max_length(params: Mapping[str, Any]) -> str:
+    length = params.get("spam.max_length")
+    if length is None:
+        return "longest training message"
+    return "the model's context" if length == "context" else f"{length} tokens"
+
+
+PRETRAIN_SOURCE = "pretrain"  # gpt2.source: every base model is this pipeline's models/pretrain
+# What each stage's variants are, read from their effective params: trained weights, base model
+# and where its weights come from, pooling, input length.
+STAGE_SETTINGS: dict[str, tuple[Setting, ...]] = {
+    "spam-finetune": (
+        Setting(
+            "trains",
+            ("spam.trainable", "spam.trainable_blocks", "spam.lora.rank", "spam.lora.alpha"),
+            _trains("spam"),
+        ),
+        Setting("base model", ("spam.base_model", "spam.base_weights", "gpt2.source"), _base_model("spam")),
+        Setting("pooling", ("spam.pooling",), lambda params: str(params.get("spam.pooling"))),
+        Setting("max length", ("spam.max_length",), _spam_max_length),
+    ),
+    "instruct-finetune": (
+        Setting(
+            "trains", ("instruct.trainable", "instruct.lora.rank", "instruct.lora.alpha"), _trains("instruct")
+        ),
+        Setting("base model", ("instruct.base_model", "gpt2.source"), _base_model("instruct")),
+        Setting(
+            "max length",
+            ("instruct.allowed_max_length",),
+            lambda params: f"{params.get('instruct.allowed_max_length')} tokens",
+        ),
+    ),
+}
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """A sweep file, checked: every variant's overrides (profile + base + its own), flattened."""
+    """A sweep file, checked: every variant's overrides (profile + base + swept keys + its own), flattened."""
 
     name: str
     stage: str
@@ -110,6 +193,10 @@ class Sweep:
     notes: dict[str, str] = field(default_factory=dict)
     description: str = ""
     profile: str | None = None
+    # Each variant's effective params (params.yaml <- profile <- base <- variant), flattened.
+    effective: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The profile's keys whose value the sweep compares, with what the variants setting none take instead.
+    profile_overridden: dict[str, Any] = field(default_factory=dict)
 
     @property
     def overridden(self) -> list[str]:
@@ -133,7 +220,7 @@ _UNSET = object()
 
 
 def _canonical(value: Any) -> str:
-    return "<unset>" if value is _UNSET else json.dumps(value, sort_keys=True)
+    return "<unset>" if value is _UNSET else json.dumps(value, sort_keys=True, default=str)
 
 
 def sweep_path(name_or_path: str | Path) -> Path:
@@ -149,7 +236,7 @@ def load_sweep(
     profile_name: str | None = None,
     name: str | None = None,
 ) -> Sweep:
-    """Read a sweep file and check every variant, with the profile's and base overrides, against the schema."""
+    """Read a sweep file, pin its swept keys in every variant, and check each against the schema."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a mapping with `stage` and `variants`")
@@ -166,34 +253,29 @@ def load_sweep(
             "the DVC experiment names)"
         )
     base = _mapping(raw.get("base"), f"{path}: base")
-    variants_raw = raw.get("variants")
-    if not isinstance(variants_raw, dict) or not variants_raw:
-        raise InputError(f"{path}: variants: expected a mapping of variant name to overrides")
     notes = _mapping(raw.get("notes"), f"{path}: notes")
+    own = _variant_overrides(raw.get("variants"), path)
     for variant, note in notes.items():
-        if variant not in variants_raw:
+        if variant not in own:
             raise InputError(f"{path}: notes: {variant!r} is not one of the variants")
         if not isinstance(note, str):
             raise InputError(f"{path}: notes.{variant}: expected a string")
     params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+    baseline, overridden = _baseline(own, base, dict(profile or {}), params, path)
+    layered_base = merge_overrides(dict(profile or {}), base)
     variants: dict[str, dict[str, Any]] = {}
-    changes: dict[str, dict[str, Any]] = {}
-    for variant, own in variants_raw.items():
+    effective: dict[str, dict[str, Any]] = {}
+    for variant, changes in own.items():
         where = f"{path}: variants.{variant}"
-        if not isinstance(variant, str) or not _NAME.fullmatch(variant):
-            raise InputError(f"{where}: a variant name is lowercase letters, digits and '_'")
-        own = _mapping(own, where)
-        layered = merge_overrides(merge_overrides(dict(profile or {}), base), own)
+        pinned = {key: value for key, value in baseline.items() if key not in flatten(changes)}
+        layered = merge_overrides(merge_overrides(layered_base, nested(pinned)), changes)
         flat = flatten(layered)
         taken = [key for key in _OWN_KEYS if key in flat]
         if taken:
             raise InputError(f"{where}: {taken[0]} is set by the sweep itself (the variant's name)")
-        try:
-            build(Params, merge_overrides(params, layered), "")
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
         variants[variant] = flat
-        changes[variant] = flatten(own)
+        effective[variant] = _typed(merge_overrides(params, layered), where)
+    _refuse_identical(effective, path, profile_name)
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise InputError(f"{path}: description: expected a string")
@@ -202,11 +284,91 @@ def load_sweep(
         stage=stage,
         source=path,
         variants=variants,
-        changes=changes,
+        changes={variant: flatten(changes) for variant, changes in own.items()},
         notes=dict(notes),
         description=description.strip(),
         profile=profile_name,
+        effective=effective,
+        profile_overridden=overridden,
     )
+
+
+def _baseline(
+    own: Mapping[str, dict[str, Any]],
+    base: dict[str, Any],
+    profile: dict[str, Any],
+    params: dict[str, Any],
+    path: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The value of every swept key in a variant that sets none, and the profile's keys it overrides.
+
+    That is the value the variant would have anyway (params.yaml <- profile <- base), unless the
+    profile's value is one the sweep compares (the smoke profile's `spam.trainable: all` is the
+    all_layers variant's): then params.yaml's (or the base's), so no variant turns into another.
+    """
+    alternatives: dict[str, set[str]] = {}  # each swept key's values, as the schema reads them
+    for variant, changes in own.items():
+        typed = _typed(merge_overrides(params, changes), f"{path}: variants.{variant}")
+        for key in flatten(changes):
+            if key not in _OWN_KEYS:  # refused with its variant named, in load_sweep
+                alternatives.setdefault(key, set()).add(_canonical(typed.get(key, _UNSET)))
+    on_profile = _typed(merge_overrides(merge_overrides(params, profile), base), f"{path}: base")
+    without = _typed(merge_overrides(params, base), f"{path}: base")
+    from_profile = set(flatten(profile)) - set(flatten(base))
+    overridden = {
+        key: without[key]
+        for key in alternatives
+        if key in from_profile and _canonical(on_profile[key]) in alternatives[key]
+    }
+    values = {key: overridden.get(key, on_profile.get(key, _UNSET)) for key in alternatives}
+    return {key: value for key, value in values.items() if value is not _UNSET}, overridden
+
+
+def _typed(params: dict[str, Any], where: str) -> dict[str, Any]:
+    """Params checked against the schema, flattened with the values it reads (a ConfigError names `where`)."""
+    try:
+        return flatten(build(Params, params, ""))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _variant_overrides(variants: Any, path: Path) -> dict[str, dict[str, Any]]:
+    """The file's variants: each name checked, each value a mapping of overrides."""
+    if not isinstance(variants, dict) or not variants:
+        raise InputError(f"{path}: variants: expected a mapping of variant name to overrides")
+    own: dict[str, dict[str, Any]] = {}
+    for variant, changes in variants.items():
+        where = f"{path}: variants.{variant}"
+        if not isinstance(variant, str) or not _NAME.fullmatch(variant):
+            raise InputError(f"{where}: a variant name is lowercase letters, digits and '_'")
+        own[variant] = _mapping(changes, where)
+    return own
+
+
+def _refuse_identical(effective: Mapping[str, Mapping[str, Any]], path: Path, profile: str | None) -> None:
+    """Two variants that would run with the same params would fill two rows with one result."""
+    seen: dict[str, str] = {}
+    for variant, values in effective.items():
+        key = _canonical({k: v for k, v in values.items() if k not in _OWN_KEYS})
+        if key in seen:
+            where = f" on the {profile} profile" if profile else ""
+            raise InputError(
+                f"{path}: variants {seen[key]} and {variant} run with the same params{where}: "
+                "give one of them a setting of its own, or drop it"
+            )
+        seen[key] = variant
+
+
+def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{a.b: 1} -> {a: {b: 1}}: flattened overrides laid out like params.yaml again."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -286,6 +448,22 @@ class Dvc:
         return (int(found.group(1)), int(found.group(2))) if found else None
 
 
+def variant_notes(sweep: Sweep) -> list[str]:
+    """What the variants run with that their names do not say: profile keys overridden, models that coincide."""
+    notes = []
+    for key, value in sweep.profile_overridden.items():
+        notes.append(
+            f"the {sweep.profile} profile's {key} is a setting this sweep compares: the variants that "
+            f"set no {key} take params.yaml's {json.dumps(value)} instead"
+        )
+    for group in same_model_groups(sweep.stage, sweep.effective):
+        notes.append(
+            f"variants {' and '.join(group)} train the same model: with gpt2.source: pretrain every "
+            "base model is models/pretrain, converted under each name"
+        )
+    return notes
+
+
 def shared_stage_warnings(sweep: Sweep, dvc: Dvc, project: Path) -> list[str]:
     """Why the stages before the sweep's would run again in every variant, if they would.
 
@@ -305,7 +483,7 @@ def shared_stage_warnings(sweep: Sweep, dvc: Dvc, project: Path) -> list[str]:
         warnings.append(
             f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} not up to date in this workspace: every "
             f"variant runs {'it' if len(stale) == 1 else 'them'} again (with OpenAI's weights, load-gpt2 "
-            f"fetches them each time); run `dvc repro {stale[-1]}` and commit dvc.lock and reports/ first"
+            f"fetches them each time); run `dvc repro {' '.join(stale)}` and commit dvc.lock and reports/ first"
         )
     untracked = subprocess.run(
         ["git", "ls-files", "--others", "--exclude-standard", "--", "dvc.lock", str(REPORTS)],
@@ -449,7 +627,7 @@ def collect(
         name = sweep.experiment(variant)
         exp = experiments.get(name)
         if exp is None:
-            rows.append(Row(variant, name, "missing", {}, {}))
+            rows.append(Row(variant, name, "missing", dict(sweep.effective.get(variant, {})), {}))
             continue
         values: dict[str, Any] = {}
         if exp.state == "success" and exp.rev:
@@ -464,7 +642,7 @@ def collect(
                 variant,
                 name,
                 exp.state or "unknown",
-                exp.params,
+                exp.params or dict(sweep.effective.get(variant, {})),  # what it ran with, else what it will
                 values,
                 wall_seconds=run.get("wall_seconds"),
                 mlflow_run_id=run.get("run_id"),
@@ -496,18 +674,39 @@ def _dotted(data: Any, key: str) -> Any:
 
 
 def table_columns(sweep: Sweep, rows: Sequence[Row]) -> list[str]:
-    """The params columns of the table: those some variant sets whose values differ, then ALWAYS_SHOWN.
+    """The CSV's params columns: those the stage's settings read, then the others that differ.
 
     The values are those the experiments ran with (a variant that sets a param to its
     default does not make it differ).
     """
-    known = [row.params for row in rows if row.params]
-    if known:
-        varied = [k for k in sweep.overridden if len({_canonical(p.get(k, _UNSET)) for p in known}) > 1]
-    else:  # nothing ran: what the file sets
-        values = sweep.variants.values()
-        varied = [k for k in sweep.overridden if len({_canonical(v.get(k, _UNSET)) for v in values}) > 1]
-    return varied + [key for key in ALWAYS_SHOWN if key not in varied]
+    described = _described_keys(sweep.stage)
+    return described + [key for key in _varied(sweep, rows) if key not in described]
+
+
+def _described_keys(stage: str) -> list[str]:
+    return list(dict.fromkeys(key for setting in STAGE_SETTINGS[stage] for key in setting.keys))
+
+
+def _varied(sweep: Sweep, rows: Sequence[Row]) -> list[str]:
+    """The params some variant sets whose values differ between the rows."""
+    known = [row.params for row in rows if row.params] or list(sweep.variants.values())
+    return [k for k in sweep.overridden if len({_canonical(p.get(k, _UNSET)) for p in known}) > 1]
+
+
+def same_model_groups(stage: str, params: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """Variants that train the same model: with gpt2.source pretrain they differ in the base's name only.
+
+    load-gpt2 converts this pipeline's models/pretrain under every base model's name, so
+    `gpt2-medium` then names the same weights as `gpt2-small`.
+    """
+    section = stage.removesuffix("-finetune")
+    groups: dict[str, list[str]] = {}
+    for variant, values in params.items():
+        if values.get("gpt2.source") != PRETRAIN_SOURCE:
+            continue
+        rest = {k: v for k, v in values.items() if k != f"{section}.base_model" and k not in _OWN_KEYS}
+        groups.setdefault(_canonical(rest), []).append(variant)
+    return [group for group in groups.values() if len(group) > 1]
 
 
 def to_csv(sweep: Sweep, rows: Sequence[Row]) -> str:
@@ -551,33 +750,15 @@ def _csv_value(value: Any) -> str:
 
 
 def to_markdown(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, csv_name: str) -> str:
-    params = table_columns(sweep, rows)
+    settings = STAGE_SETTINGS[sweep.stage]
+    described = _described_keys(sweep.stage)
+    others = [key for key in _varied(sweep, rows) if key not in described]
     columns = STAGE_COLUMNS[sweep.stage]
-    done = sum(r.status == "success" for r in rows)
-    lines = [
-        f"# Sweep `{sweep.name}`: {sweep.stage}, {len(rows)} variants",
-        "",
-    ]
-    if sweep.description:
-        lines += [sweep.description, ""]
-    lines += [
-        f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`"
-        + (f" on the `{sweep.profile}` profile" if sweep.profile else "")
-        + f"; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. "
-        f"The same rows, with full precision, are in `{csv_name}`.",
-        "",
-        f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its "
-        f"{sweep.stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named "
-        f"`{sweep.stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and "
-        "press Compare to see their params and curves side by side. The param columns are those "
-        "that differ between variants (and `gpt2.source`, whose weights they started from); "
-        "trainable params counts what the optimizer updated (LoRA: the adapters only); "
-        "training time is the training loop's wall time, from the MLflow run (it varies run to run).",
-        "",
-    ]
+    lines = _markdown_intro(sweep, rows, commit=commit, csv_name=csv_name)
     header = [
         "variant",
-        *(f"`{key}`" for key in params),
+        *(setting.title for setting in settings),
+        *(f"`{key}`" for key in others),
         *(c.title for c in columns),
         "training time",
         "status",
@@ -588,7 +769,8 @@ def to_markdown(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, csv_na
     for row in rows:
         cells = [
             f"`{row.variant}`",
-            *(_md_value(row.params.get(key)) for key in params),
+            *(setting.describe(row.params) if row.params else "—" for setting in settings),
+            *(_md_value(row.params.get(key)) for key in others),
             *(_md_number(row.values.get(c.name), c.percent) for c in columns),
             "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f} s",
             row.status if row.status != "failed" else f"failed (`dvc queue logs {row.experiment}`)",
@@ -597,6 +779,45 @@ def to_markdown(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, csv_na
             cells.append(sweep.notes.get(row.variant, ""))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _markdown_intro(sweep: Sweep, rows: Sequence[Row], *, commit: str | None, csv_name: str) -> list[str]:
+    """The table's title and how to read it: where it came from, what its columns hold, what coincides."""
+    done = sum(r.status == "success" for r in rows)
+    lines = [f"# Sweep `{sweep.name}`: {sweep.stage}, {len(rows)} variants", ""]
+    if sweep.description:
+        lines += [sweep.description, ""]
+    lines += [
+        f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`"
+        + (f" on the `{sweep.profile}` profile" if sweep.profile else "")
+        + f"; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. "
+        f"The same rows, with full precision and every param as it is, are in `{csv_name}`.",
+        "",
+        f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its "
+        f"{sweep.stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named "
+        f"`{sweep.stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and "
+        "press Compare to see their params and curves side by side. The first columns are what each "
+        "variant ran with (its params.yaml, profile and overrides together), then the other params "
+        "that differ between variants; trainable params counts what the optimizer updated (LoRA: the "
+        "adapters only); training time is the training loop's wall time, from the MLflow run (it "
+        "varies run to run).",
+        "",
+    ]
+    for key, value in sweep.profile_overridden.items():
+        lines += [
+            f"The `{sweep.profile}` profile's `{key}` is a setting this sweep compares: the variants "
+            f"that set no `{key}` take params.yaml's `{json.dumps(value)}` instead, so each row is the "
+            "variant its name says.",
+            "",
+        ]
+    for group in same_model_groups(sweep.stage, {row.variant: row.params for row in rows}):
+        names = " and ".join(f"`{variant}`" for variant in group)
+        lines += [
+            f"{names} train the same model: with `gpt2.source: pretrain` every base model is this "
+            "pipeline's own models/pretrain, converted by load-gpt2 under each name.",
+            "",
+        ]
+    return lines
 
 
 def _md_value(value: Any) -> str:

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         queue,
         run_queue,
         shared_stage_warnings,
+        variant_notes,
         write_table,
     )
     from gptlab.tracking import prepare_store
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     dvc = Dvc(project, env, str(local_dvc) if local_dvc.is_file() else (shutil.which("dvc") or "dvc"))
 
     print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.stage} from {path}", flush=True)
+    for note in variant_notes(sweep):
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if not args.collect:
         for warning in shared_stage_warnings(sweep, dvc, project):
             print(f"note: {warning}", file=sys.stderr, flush=True)
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 def _load_sweep(args: argparse.Namespace, project: Path) -> tuple[Path, Sweep]:
     """The sweep file named on the command line, checked with its profile against the params schema."""
     from gptlab.profiles import load_overrides, profile_path
-    from gptlab.sweep import load_sweep, sweep_path
+    from gptlab.sweep import load_sweep, nested, sweep_path
 
     path = sweep_path(args.sweep)
     profile, overrides = None, None
@@ -142,7 +145,7 @@ def _load_sweep(args: argparse.Namespace, project: Path) -> tuple[Path, Sweep]:
     sweep = load_sweep(
         path,
         project / "params.yaml",
-        profile=_nested(overrides or {}),
+        profile=nested(overrides or {}),
         profile_name=profile.stem if profile else None,
         name=name,
     )
@@ -193,15 +196,3 @@ def _env(env: dict[str, str]) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = saved
-
-
-def _nested(flat: dict[str, object]) -> dict[str, object]:
-    """{a.b: 1} -> {a: {b: 1}}: a profile's flattened overrides laid out like params.yaml again."""
-    nested: dict[str, object] = {}
-    for key, value in flat.items():
-        parts = key.split(".")
-        node = nested
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})  # type: ignore[assignment]
-        node[parts[-1]] = value
-    return nested
