@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gptlab.cli import main
-from gptlab.compare import compare, dvc_executable, exp_show, headline_metrics, text_table
+from gptlab.compare import compare, exp_show, headline_metrics, text_table
+from gptlab.profiles import dvc_executable
 
 from helpers import dvc, git
 

@@ -173,15 +173,21 @@ def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) ->
     assert Path("reports/load-gpt2/metrics.json").read_text() == before_report
 
 
-@pytest.mark.parametrize("damage", ["tampered", "truncated"])
-def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], damage: str) -> None:
-    target = Path("mirror/gpt2-weights/gpt2-small/model.safetensors")
-    data = bytearray(target.read_bytes())
+def damage_file(path: Path, damage: str) -> bytes:
+    """Tamper with a weights file (a flipped bit inside a tensor: still readable, caught by the hash
+    only) or truncate it to half; returns what it now holds."""
+    data = bytearray(path.read_bytes())
     if damage == "tampered":
-        data[-1] ^= 0xFF  # a flipped bit inside a tensor: still a readable file, caught by the hash only
+        data[-1] ^= 0xFF
     else:
         data = data[: len(data) // 2]
-    target.write_bytes(bytes(data))
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["tampered", "truncated"])
+def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], damage: str) -> None:
+    damage_file(Path("mirror/gpt2-weights/gpt2-small/model.safetensors"), damage)
 
     with pytest.raises(FetchError) as info:
         run(load_params())
@@ -276,13 +282,7 @@ def test_cached_weights_resolve_with_no_request(hf_home: tuple[Path, GPT2LMHeadM
 @pytest.mark.parametrize("damage", ["tampered", "truncated"])
 def test_damaged_blob_in_the_hf_cache_is_refused(hf_home: tuple[Path, GPT2LMHeadModel], damage: str) -> None:
     home, _ = hf_home
-    blob = cached_snapshot(home).resolve()
-    data = bytearray(blob.read_bytes())
-    if damage == "tampered":
-        data[-1] ^= 0xFF  # a flipped bit inside a tensor: still a readable file, caught by the hash only
-    else:
-        data = data[: len(data) // 2]
-    blob.write_bytes(bytes(data))
+    data = damage_file(cached_snapshot(home).resolve(), damage)
 
     proc = run_stage_script(hf_env(home, GPTLAB_MIRROR=str(Path("no-mirror").absolute())))
     assert proc.returncode == 2

@@ -10,9 +10,7 @@ the metrics baseline guards (baselines/*.yaml): the headline figures, named in o
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -84,12 +82,6 @@ class Comparison:
         heading = [row.name, row.rev, row.created] + ([row.state] if self.with_state else [])
         params = [row.params.get(key) for key in self.params]
         return heading + params + [row.metrics.get(m.file, {}).get(m.key) for m in self.metrics]
-
-
-def dvc_executable() -> str:
-    """This interpreter's dvc (the one installed with gptlab), else the first on PATH."""
-    local = Path(sys.executable).with_name("dvc")
-    return str(local) if local.is_file() else (shutil.which("dvc") or "dvc")
 
 
 def exp_show(workdir: Path, dvc: str) -> list[dict[str, Any]]:

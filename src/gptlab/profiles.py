@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,12 @@ def _checked_overrides(profile: Path, params_file: Path) -> tuple[dict[str, Any]
 def set_arguments(overrides: dict[str, Any]) -> list[str]:
     """`dvc exp run` arguments that apply the overrides (values as JSON, which YAML reads back)."""
     return [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
+
+
+def dvc_executable() -> str:
+    """This interpreter's dvc (the one installed with gptlab), else the first on PATH."""
+    local = Path(sys.executable).with_name("dvc")
+    return str(local) if local.is_file() else (shutil.which("dvc") or "dvc")
 
 
 def experiment_env(project: Path) -> dict[str, str]:

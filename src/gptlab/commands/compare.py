@@ -41,13 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.compare import (
         baseline_files,
         compare,
-        dvc_executable,
         exp_show,
         headline_metrics,
         markdown_table,
         text_table,
     )
     from gptlab.errors import InputError
+    from gptlab.profiles import dvc_executable
 
     if args.precision < 1:
         raise InputError(f"--precision: expected 1 or more, got {args.precision}")

@@ -56,11 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shutil
     import sys
 
     from gptlab.errors import GptlabError, InputError
-    from gptlab.profiles import experiment_env
+    from gptlab.profiles import dvc_executable, experiment_env
     from gptlab.smoke import source_commit_env
     from gptlab.sweep import (
         SWEEP_REPORTS,
@@ -89,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
     path, sweep = _load_sweep(args, project)
     env = experiment_env(project)
     env.update(source_commit_env(project))
-    local_dvc = Path(sys.executable).with_name("dvc")
-    dvc = Dvc(project, env, str(local_dvc) if local_dvc.is_file() else (shutil.which("dvc") or "dvc"))
+    dvc = Dvc(project, env, dvc_executable())
 
     print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.stage} from {path}", flush=True)
     for note in variant_notes(sweep):
