@@ -74,7 +74,7 @@ def test_book_file_loads_and_every_row_is_well_formed() -> None:
     book = load_book(BOOK)
     ids = [f.id for f in book.figures]
     assert len(ids) == len(set(ids))
-    assert {f.chapter for f in book.figures} == {2, 4, 5, 6, 7, "E"}
+    assert {f.chapter for f in book.figures} == {2, 3, 4, 5, 6, 7, "E"}
     for f in book.figures:
         assert f.where.startswith(f"app. {f.chapter}" if f.chapter == "E" else f"ch. {f.chapter}"), f.id
         assert f.tolerance.reason, f.id
@@ -153,9 +153,9 @@ def test_chapter_4_parameter_counts_from_our_model_equal_the_books() -> None:
         for f in book.figures
         if f.ours is not None and f.ours.live in ("parameter_count", "parameter_megabytes")
     ]
-    assert len(counted) == 4
+    assert len(counted) >= 4
     for f in counted:
-        ours = LIVE[f.ours.live](None, **f.ours.args)
+        ours = LIVE[f.ours.live](None, **f.ours.args) * f.ours.scale
         assert f.tolerance.allows(f.book, ours), (f.id, ours, f.book)
 
 
@@ -273,7 +273,9 @@ def test_report_defaults_to_the_reports_folder(tmp_path: Path, reports: Path) ->
         (figure("typo", tolerence={"abs": 1}), "figure 'typo': unknown key 'tolerence'"),
         ({k: v for k, v in figure("bare").items() if k != "where"}, "figure 'bare': missing key 'where'"),
         (figure("no-reason", tolerance={"abs": 0.1}), "figure 'no-reason': tolerance: missing key 'reason'"),
-        (figure("bad-book", book="about ten"), "figure 'bad-book': book:"),
+        (figure("bad-book", book={"about": 10}), "figure 'bad-book': book:"),
+        (figure("bad-list", book="[1, 2"), "is not a printed list"),
+        (figure("cut-first", book="[..., 1]"), "figure 'cut-first': book: Ellipsis in a list"),
         (figure("bad-live", ours={"live": "nope"}), "figure 'bad-live': ours: live: unknown figure 'nope'"),
         (
             figure("bad-args", ours={"live": "verdict_tokens", "args": {"x": 1}}),

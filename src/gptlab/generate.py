@@ -136,15 +136,24 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     if temperature == 0.0:
         # Filtering keeps the largest logit, so greedy ignores top_k and top_p.
         return torch.argmax(logits, dim=-1, keepdim=True)
+    return torch.multinomial(next_token_probabilities(logits, temperature, top_k, top_p), num_samples=1)
+
+
+def next_token_probabilities(
+    logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """What `generate` samples from (temperature > 0): softmax((logits, top-k / top-p filtered) / temperature).
+
+    logits (b, vocab) or (vocab,); tokens outside the top k get probability 0 (section 5.3.2).
+    """
     if top_k is not None:
         top_logits, _ = torch.topk(logits, min(top_k, logits.shape[-1]))
-        min_val = top_logits[:, -1:]  # (b, 1): the k-th largest of each row
+        min_val = top_logits[..., -1:]  # the k-th largest of each row
         logits = torch.where(logits < min_val, torch.tensor(float("-inf"), device=logits.device), logits)
     logits = logits / temperature
     if top_p is not None:
         logits = _top_p_filter(logits, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1)
+    return torch.softmax(logits, dim=-1)
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:

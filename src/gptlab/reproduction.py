@@ -19,6 +19,7 @@ when they are computed.
 
 from __future__ import annotations
 
+import ast
 import csv
 import inspect
 import json
@@ -26,7 +27,7 @@ import math
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from typing import Any
 import yaml
 
 from gptlab.errors import InputError
+from gptlab.figures import LIVE
+from gptlab.figures.inputs import NotRun
 from gptlab.paths import REPORTS
 from gptlab.typed_config import flatten
 
@@ -58,11 +61,9 @@ _OURS_KEYS = {"file", "key", "row", "column", "scale", "live", "args"}
 # The weights a `needs` row asks for are there only when load-gpt2 took OpenAI's checkpoints.
 _OPENAI_SOURCE = "huggingface"
 
-Value = float | int | list[int]
-
-
-class NotRun(Exception):
-    """Our value is not available; the message says why (shown in the report)."""
+# A number, a text, or a printed tensor / list (nested lists of these); a list ending in `...` is a
+# printout cut short (only its printed part is compared).
+Value = Any
 
 
 # --------------------------------------------------------------------------- the data file
@@ -75,13 +76,22 @@ class Tolerance:
     reason: str
 
     def allows(self, book: Value, ours: Value) -> bool:
-        if isinstance(book, list) or isinstance(ours, list):
+        """Numbers within the tolerance, texts and their structure exactly, lists element by element."""
+        if isinstance(book, list):
+            if not isinstance(ours, list):
+                return False
+            if book and book[-1] is Ellipsis:  # the printout stops here: compare what it shows
+                book, ours = book[:-1], ours[: len(book) - 1]
+            return len(book) == len(ours) and all(map(self.allows, book, ours))
+        if isinstance(book, str) or isinstance(ours, str | list) or ours is None:
             return book == ours
         if math.isnan(ours):
             return False
         limit = self.amount if self.kind == "abs" else self.amount * abs(book)
-        # A hair of slack so that 9.7815 against 9.781 ± 0.0005 is not decided by float representation.
-        return abs(ours - book) <= limit + 1e-9 * max(1.0, abs(book))
+        if isinstance(book, float):
+            # A hair of slack so that 9.7815 against 9.781 ± 0.0005 is not decided by float representation.
+            limit += 1e-9 * max(1.0, abs(book))
+        return abs(ours - book) <= limit
 
     def describe(self, unit: str) -> str:
         if self.amount == 0:
@@ -107,10 +117,10 @@ class Source:
     args: Mapping[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
+        scale = f" × {self.scale:g}" if self.scale != 1 else ""
         if self.live is not None:
             args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
-            return f"computed live: {self.live}({args})"
-        scale = f" × {self.scale:g}" if self.scale != 1 else ""
+            return f"computed live: {self.live}({args}){scale}"
         if self.column is not None:
             row = ", ".join(f"{k} {v}" for k, v in self.row.items())
             return f"{self.file} at {row}, column {self.column}{scale}"
@@ -179,8 +189,6 @@ def _figure(raw: Any, chapters: Mapping[int | str, str], where: str) -> Figure:
         raise InputError(f"{where}: chapter: {raw['chapter']!r} is not one of {_ordered(chapters)}")
     book, book_text = _book_value(raw["book"], where)
     tolerance = _tolerance(raw["tolerance"], where)
-    if isinstance(book, list) and tolerance.amount != 0:
-        raise InputError(f"{where}: tolerance: a list of values is compared exactly; use {{abs: 0}}")
     ours = _source(raw["ours"], f"{where}: ours") if "ours" in raw else None
     needs = raw.get("needs")
     if needs is not None and (not isinstance(needs, str) or not needs.strip()):
@@ -218,21 +226,52 @@ _NUMBER = re.compile(r"-?\d{1,3}(,\d{3})+|-?\d+(\.\d+)?")
 
 
 def _book_value(raw: Any, where: str) -> tuple[Value, str]:
-    """The book's value and its printed form: "20,479" -> 20479, "45.00" -> 45.0 shown as 45.00."""
+    """The book's value and its printed form: "20,479" -> 20479, "45.00" -> 45.0 shown as 45.00,
+    "[[0.4419, 1.0000], ...]" -> a nested list shown as written, any other string -> that text."""
     if isinstance(raw, bool):
-        raise InputError(f"{where}: book: expected a number, a printed number or a list of integers")
+        raise InputError(f"{where}: book: expected a number, a text or a list, got {raw!r}")
     if isinstance(raw, int | float):
         return raw, f"{raw:,}" if isinstance(raw, int) else repr(raw)
     if isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()):
         text = raw.strip()
         plain = text.replace(",", "")
         return (float(plain) if "." in plain else int(plain)), text
-    if isinstance(raw, list) and raw and all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
-        return list(raw), "[" + ", ".join(str(v) for v in raw) + "]"
-    raise InputError(
-        f'{where}: book: expected a number, a printed number ("20,479", "45.00") or a list of '
-        f"integers, got {raw!r}"
-    )
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            raise InputError(
+                f"{where}: book: {raw!r} is not a printed list (Python literal syntax)"
+            ) from None
+        _check_list(value, where)
+        return value, raw.strip()
+    if isinstance(raw, str):
+        return raw, repr(raw)
+    if isinstance(raw, list) and raw:
+        _check_list(raw, where)
+        return list(raw), _list_text(raw)
+    raise InputError(f"{where}: book: expected a number, a text or a non-empty list, got {raw!r}")
+
+
+def _check_list(value: Any, where: str) -> None:
+    """Lists of numbers, texts and lists; `...` only as a list's last element."""
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{where}: book: expected a non-empty list, got {value!r}")
+    for index, item in enumerate(value):
+        if item is Ellipsis and index == len(value) - 1 and index > 0:
+            continue
+        if isinstance(item, list):
+            _check_list(item, where)
+        elif isinstance(item, bool) or not isinstance(item, int | float | str):
+            raise InputError(
+                f"{where}: book: {item!r} in a list: expected numbers, texts, lists or a final ..."
+            )
+
+
+def _list_text(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_list_text(item) for item in value) + "]"
+    return "..." if value is Ellipsis else repr(value) if isinstance(value, str) else str(value)
 
 
 def _tolerance(raw: Any, where: str) -> Tolerance:
@@ -260,7 +299,7 @@ def _source(raw: Any, where: str) -> Source:
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise InputError(f"{where}: scale: expected a number")
     if "live" in raw:
-        extra = sorted(set(raw) - {"live", "args"})
+        extra = sorted(set(raw) - {"live", "args", "scale"})
         if extra:
             raise InputError(f"{where}: {extra[0]!r} does not go with `live`")
         function = LIVE.get(raw["live"])
@@ -273,7 +312,7 @@ def _source(raw: Any, where: str) -> Source:
             inspect.signature(function).bind(None, **args)
         except TypeError as exc:
             raise InputError(f"{where}: args: {exc}") from None
-        return Source(live=raw["live"], args=args)
+        return Source(live=raw["live"], args=args, scale=float(scale))
     file = raw.get("file")
     if not isinstance(file, str) or not file.endswith((".json", ".csv")):
         raise InputError(f"{where}: file: expected a .json or .csv path under the reports folder")
@@ -311,11 +350,20 @@ class RunInfo:
     def gpt2_source(self) -> str | None:
         return self.params.get("gpt2.source")
 
+    def unknown_source(self) -> str:
+        """Why the run's gpt2.source is not known."""
+        if self.params_origin == "dvc.lock":
+            planned = _params_yaml(self.root).get("gpt2.source")
+            asks = f"; params.yaml asks for gpt2.source: {planned}" if planned else ""
+            return f"load-gpt2 has not run (no load-gpt2 stage in dvc.lock{asks})"
+        return "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
+
     @classmethod
     def of_reports(cls, reports_dir: Path) -> RunInfo:
         root = reports_dir.resolve().parent
         params, origin = _run_params(root)
-        return cls(reports_dir, root, params, origin, _matching_profile(root, params), _git_commit(root))
+        commit = _git_commit(root, reports_dir.resolve() / REPORT_NAME)
+        return cls(reports_dir, root, params, origin, _matching_profile(root, params), commit)
 
 
 def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
@@ -329,12 +377,15 @@ def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
             return params, "dvc.lock"
     except (OSError, yaml.YAMLError, AttributeError):
         pass
+    params = _params_yaml(root)
+    return (params, "params.yaml") if (root / "params.yaml").is_file() else ({}, None)
+
+
+def _params_yaml(root: Path) -> dict[str, Any]:
     try:
-        return flatten(
-            yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
-        ), "params.yaml"
+        return flatten(yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {})
     except (OSError, yaml.YAMLError):
-        return {}, None
+        return {}
 
 
 def _matching_profile(root: Path, params: Mapping[str, Any]) -> str | None:
@@ -351,7 +402,10 @@ def _matching_profile(root: Path, params: Mapping[str, Any]) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _git_commit(root: Path) -> str | None:
+def _git_commit(root: Path, report: Path) -> str | None:
+    """The commit the reports were made from; "(uncommitted changes)" when tracked files other than
+    the report itself differ from it (the report is committed after it is made from a clean tree)."""
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=10
@@ -365,126 +419,10 @@ def _git_commit(root: Path) -> str | None:
             commit = source[:7]
         else:
             commit = git("rev-parse", "--short", "HEAD")
-            dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+            dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", f":!{report}"))
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit} (uncommitted changes)" if dirty else commit
-
-
-def _raw_dir(run: RunInfo) -> Path:
-    """The download stage's folder (data.raw_dir), else the mirror (GPTLAB_MIRROR)."""
-    candidates = [run.root / str(run.params.get("data.raw_dir") or "data/raw")]
-    if os.environ.get("GPTLAB_MIRROR"):
-        candidates.append(Path(os.environ["GPTLAB_MIRROR"]))
-    for folder in candidates:
-        if (folder / "the-verdict.txt").is_file() and (folder / "gpt2" / "vocab.bpe").is_file():
-            return folder
-    raise NotRun(f"no input files in {candidates[0]} (run `dvc repro download` or set GPTLAB_MIRROR)")
-
-
-# --------------------------------------------------------------------------- live figures
-# Properties of our code (and the pinned data), not of a run: computed when the report is made.
-
-
-def _gpt2_model(preset: str, context_length: int, qkv_bias: bool, *, meta: bool) -> Any:
-    import torch
-
-    from gptlab.architecture import ModelConfig
-    from gptlab.model import GPTModel
-
-    cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
-    if meta:  # shapes without storage: counting costs no memory
-        with torch.device("meta"):
-            return GPTModel(cfg)
-    return GPTModel(cfg)
-
-
-def parameter_count(run: RunInfo | None, preset: str, context_length: int, qkv_bias: bool, head: str) -> int:
-    """Parameters of our GPTModel; head: untied (own out_head), tied (out_head = tok_emb), none."""
-    if head not in ("untied", "tied", "none"):
-        raise InputError(f"head: expected untied, tied or none, got {head!r}")
-    model = _gpt2_model(preset, context_length, qkv_bias, meta=True)
-    if head == "tied":
-        model.out_head.weight = model.tok_emb.weight
-    total = sum(p.numel() for p in model.parameters())  # a tied weight counts once
-    return total - model.out_head.weight.numel() if head == "none" else total
-
-
-def parameter_megabytes(
-    run: RunInfo | None,
-    preset: str,
-    context_length: int,
-    qkv_bias: bool,
-    head: str,
-    bytes_per_parameter: int,
-) -> float:
-    """Size in MiB (the book's "MB": bytes / 1024²)."""
-    return parameter_count(run, preset, context_length, qkv_bias, head) * bytes_per_parameter / 1024**2
-
-
-def verdict_tokens(run: RunInfo | None) -> int:
-    """GPT-2 BPE tokens of the whole of The Verdict (the book's `len(tokenizer.encode(raw_text))`)."""
-    from gptlab.tokenizer import load_tokenizer
-
-    raw_dir = _raw_dir(run) if run is not None else Path("data/raw")
-    return len(load_tokenizer(raw_dir).encode((raw_dir / "the-verdict.txt").read_text(encoding="utf-8")))
-
-
-def greedy_continuation(
-    run: RunInfo | None,
-    prompt: str,
-    max_new_tokens: int,
-    seed: int,
-    preset: str,
-    context_length: int,
-    qkv_bias: bool,
-) -> list[int]:
-    """The prompt's ids plus the greedy continuation of a freshly seeded, untrained model (chapter 4)."""
-    import torch
-
-    from gptlab.generate import generate
-    from gptlab.tokenizer import load_tokenizer
-
-    raw_dir = _raw_dir(run) if run is not None else Path("data/raw")
-    ids = load_tokenizer(raw_dir).encode(prompt)
-    torch.manual_seed(seed)  # the book's order: seed, then build the model
-    model = _gpt2_model(preset, context_length, qkv_bias, meta=False).eval()
-    out = generate(model, torch.tensor([ids]), max_new_tokens)  # (1, t + n)
-    return out[0].tolist()
-
-
-def trainable_count(
-    run: RunInfo | None,
-    preset: str,
-    context_length: int,
-    qkv_bias: bool,
-    num_classes: int | None = None,
-    lora_rank: int | None = None,
-    lora_alpha: float | None = None,
-) -> int:
-    """Trainable parameters as appendix E counts them: the model (with a fresh `num_classes` head) as
-    built, every parameter trainable; or, with `lora_rank`, frozen with LoRA on every linear layer."""
-    import torch
-    from torch import nn
-
-    from gptlab.lora import add_lora
-
-    model = _gpt2_model(preset, context_length, qkv_bias, meta=True)
-    with torch.device("meta"):
-        if num_classes is not None:
-            model.out_head = nn.Linear(model.cfg.emb_dim, num_classes)
-        if lora_rank is not None:
-            add_lora(model, lora_rank, lora_alpha if lora_alpha is not None else lora_rank)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-LIVE: dict[str, Callable[..., Value]] = {
-    "parameter_count": parameter_count,
-    "parameter_megabytes": parameter_megabytes,
-    "trainable_count": trainable_count,
-    "verdict_tokens": verdict_tokens,
-    "greedy_continuation": greedy_continuation,
-}
 
 
 # --------------------------------------------------------------------------- comparing
@@ -587,11 +525,7 @@ def _our_value(figure: Figure, reports: _Reports, run: RunInfo) -> Value:
         if row is not None and row.get("gpt2.source"):  # a sweep's row: its own experiment's weights
             gpt2_source, whose = row["gpt2.source"], f"{figure.ours.file}'s row"  # type: ignore[union-attr]
         if gpt2_source != _OPENAI_SOURCE:
-            why = (
-                f"{whose} gpt2.source is {gpt2_source}"
-                if gpt2_source
-                else "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
-            )
+            why = f"{whose} gpt2.source is {gpt2_source}" if gpt2_source else run.unknown_source()
             raise NotRun(f"needs {figure.needs}; {why}")
     source = figure.ours
     if source is None:
@@ -627,21 +561,31 @@ def _heading(chapter: int | str) -> str:
 
 
 def _decimals(text: str) -> int:
-    plain = text.replace(",", "")
-    return len(plain.partition(".")[2]) if "." in plain else 0
+    """Decimals the book prints: the most any number in its printed form has."""
+    numbers = re.findall(r"\d[\d,]*(?:\.(\d+))?", text)
+    return max((len(decimals) for decimals in numbers), default=0)
 
 
 def _show(figure: Figure, value: Value | None) -> str:
     if value is None:
         return "—"
-    if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, list | str):
+        return _show_value(value, _decimals(figure.book_text) + 1, "e-" in figure.book_text)
     if isinstance(figure.book, int) and float(value).is_integer():
         return f"{int(value):,}"
     if math.isnan(value) or math.isinf(value):
         return str(value)
     # One digit more than the book prints, so a near miss shows.
     return f"{value:.{_decimals(figure.book_text) + 1}f}"
+
+
+def _show_value(value: Any, decimals: int, scientific: bool) -> str:
+    """Ours as the book prints it, floats with one digit more (a near miss shows)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_show_value(item, decimals, scientific) for item in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.{decimals}e}" if scientific else f"{value:.{decimals}f}"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _cell(text: str) -> str:
@@ -717,7 +661,7 @@ def _describe_source(run: RunInfo) -> str:
     if source == _OPENAI_SOURCE:
         return "OpenAI's GPT-2 weights (gpt2.source: huggingface): figures that need them are compared"
     if source is None:
-        return "unknown gpt2.source: figures that need OpenAI's weights are not compared"
+        return f"{run.unknown_source()}: figures that need OpenAI's weights are not compared"
     return f"gpt2.source: {source}, not OpenAI's weights: figures that need them are not compared"
 
 
