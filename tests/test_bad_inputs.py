@@ -805,6 +805,11 @@ def test_a_folder_given_for_a_file_is_named_as_a_folder(
     assert (
         one_line_error(capsys, "classify") == f"gptlab classify: --file {folder}: is a directory, not a file"
     )
+    weights = checkpoint / WEIGHTS_FILE
+    assert cli.main(["chat", "--model", str(weights), "Say hi"]) == 2
+    assert one_line_error(capsys, "chat").startswith(
+        f"gptlab chat: --model {weights}: is a file, not a checkpoint"
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     assert cli.main(["run", "--profile", str(folder)]) == 2

@@ -336,6 +336,7 @@ def test_values_that_cannot_work_are_refused_at_load_naming_the_key(
         ("spam.initial_eval_batches", 10**9, "spam.initial_eval_batches: expected 1 to 10000"),
         ("pretrain.sample.max_new_tokens", 10**9, "pretrain.sample.max_new_tokens: expected 0 to 10000"),
         ("instruct.max_new_tokens", 10**9, "instruct.max_new_tokens: expected 1 to 10000"),
+        ("eval.samples.greedy.top_k", 10**6, "eval.samples.greedy.top_k: expected 1 to 50257 or null"),
         ("eval.samples.greedy.temperature", 1e-300, "eval.samples.greedy.temperature: expected 0 (greedy)"),
         ("eval.samples.greedy.temperature", 1e300, "eval.samples.greedy.temperature: expected 0 (greedy)"),
         ("spam.lora.rank", 10**9, "spam.lora.rank: expected 1 to 8192"),

@@ -317,13 +317,8 @@ class SampleConfig:
             "temperature",
             f"expected 0 (greedy) or a positive float from {low:g} to {high:g}, got {self.temperature:g}",
         )
-        require(
-            self.top_k is None or self.top_k > 0,
-            "top_k",
-            f"expected a positive integer or null, got {self.top_k}",
-        )
-        if self.top_k is not None:
-            require_count(self.top_k, "top_k", GPT2_VOCAB_SIZE, " or null (the vocabulary's size at most)")
+        if self.top_k is not None:  # torch.topk cannot pick more tokens than the vocabulary has
+            require_count(self.top_k, "top_k", GPT2_VOCAB_SIZE, " or null")
 
 
 @dataclass(frozen=True)
@@ -545,7 +540,7 @@ class Params:
     def __post_init__(self) -> None:
         # What spam trains and reads must fit its base model, known here for GPT-2's presets and,
         # with gpt2.source pretrain, for this pipeline's own model.
-        layers, context = self.base_model_size(self.spam.base_model)
+        layers, context = self._base_model_size(self.spam.base_model)
         name = f"spam.base_model {self.spam.base_model}"
         if layers is not None:
             require(
@@ -560,7 +555,7 @@ class Params:
                 f"expected 1 to {context} (the context length of {name}), got {self.spam.max_length}",
             )
 
-    def base_model_size(self, name: str) -> tuple[int | None, int]:
+    def _base_model_size(self, name: str) -> tuple[int | None, int]:
         """Blocks (None if unknown before load-gpt2 runs) and context length of base model `name`."""
         if self.gpt2.source == "pretrain":
             model = self.pretrain.model.resolve()

@@ -62,6 +62,6 @@ def read_yaml(path: Path) -> Any:
     """
     with Path(path).open(encoding="utf-8") as fh:
         try:
-            return yaml.load(fh, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader
+            return yaml.load(fh, Loader=_BoundedLoader)  # a SafeLoader: plain data only, as safe_load
         except _Unbounded as exc:
             raise ConfigError(f"{path}: {exc}") from None
