@@ -57,7 +57,7 @@ from gptlab.responses import answer_room, generate_responses, prompt_ids, rouge_
 from gptlab.runtime import autocast
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun
-from gptlab.train import TrainResult
+from gptlab.train import TrainResult, require_one_batch
 from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
 from gptlab.typed_config import flatten
 
@@ -81,6 +81,7 @@ def run(params: Params) -> None:
     splits = {split: load_split(processed_dir, split) for split in SPLITS}
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     datasets = {split: InstructionDataset(records, tokenizer) for split, records in splits.items()}
+    require_one_batch(len(datasets["train"]), cfg.train.batch_size, "instruct.train.batch_size")
     collate = functools.partial(
         instruction_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
     )

@@ -37,6 +37,7 @@ from gptlab.runtime import resolve_device
 from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import section
+from gptlab.train import require_one_batch
 from gptlab.training_stage import DatasetRead, Reports, training_run
 from gptlab.typed_config import flatten
 
@@ -53,6 +54,7 @@ def run(params: Params) -> None:
     model_cfg = cfg.model.resolve()
     tokens = {split: load_split(processed_dir, split) for split in SPLITS}
     data = {split: GPTDatasetV1(tokens[split], cfg.data.max_length, cfg.data.stride) for split in SPLITS}
+    require_one_batch(len(data["train"]), cfg.train.batch_size, "pretrain.train.batch_size")
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     sizes = {f"{split}_tokens": len(ids) for split, ids in tokens.items()}
     sizes |= {f"{split}_windows": len(dataset) for split, dataset in data.items()}

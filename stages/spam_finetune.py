@@ -52,7 +52,7 @@ from gptlab.plots import plot_confusion_matrix
 from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun, section
-from gptlab.train import TrainResult
+from gptlab.train import TrainResult, require_one_batch
 from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
 from gptlab.typed_config import flatten
 
@@ -160,6 +160,8 @@ def _classifier_and_data(
 ) -> tuple[GPTModel, dict[str, Any], dict[str, SpamDataset]]:
     """The base model with its new seeded head (and its metadata), and the splits it reads."""
     cfg = params.spam
+    data = {split: SpamDataset(Path(params.data.processed_dir), split) for split in SPLITS}
+    require_one_batch(len(data["train"]), cfg.train.batch_size, "spam.train.batch_size")  # before the model
     device = resolve_device(cfg.train.device)
     model, base_metadata = _base_model(base_dir, cfg.base_weights, cfg.drop_rate, cfg.train.seed, device)
     model = make_classifier(
@@ -169,13 +171,15 @@ def _classifier_and_data(
         trainable_blocks=cfg.trainable_blocks,
         seed=cfg.train.seed,
     )
-    return model, base_metadata, _datasets(params, model.cfg.context_length, base_dir)
+    _fit_to_context(params, data, model.cfg.context_length, base_dir)
+    return model, base_metadata, data
 
 
-def _datasets(params: Params, context_length: int, base_dir: Path) -> dict[str, SpamDataset]:
-    """The tokenize stage's splits, encoded again to `spam.max_length` when it is set."""
+def _fit_to_context(
+    params: Params, data: dict[str, SpamDataset], context_length: int, base_dir: Path
+) -> None:
+    """The splits encoded again to `spam.max_length` when it is set (in place), checked against the context."""
     cfg = params.spam
-    data = {split: SpamDataset(Path(params.data.processed_dir), split) for split in SPLITS}
     if cfg.max_length is not None:
         length = context_length if cfg.max_length == "context" else cfg.max_length
         tokenizer = gpt2_tokenizer(*params.data.bpe_files())
@@ -188,7 +192,6 @@ def _datasets(params: Params, context_length: int, base_dir: Path) -> dict[str, 
             f"{context_length}: use a base model with a longer context, or set spam.max_length "
             'to at most that ("context" pads to the model\'s context length)'
         )
-    return data
 
 
 def _final_scores(

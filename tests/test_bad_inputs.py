@@ -9,6 +9,7 @@ import errno
 import io
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,7 @@ from gptlab.errors import GptlabError
 from gptlab.hf_gpt2 import load_hf_folder
 from gptlab.metrics_check import load_baseline
 from gptlab.model import GPTModel
+from gptlab.sweep import sweep_path
 from gptlab.typed_config import ConfigError, build
 
 from helpers import PROJECT_ROOT
@@ -340,10 +342,28 @@ def _floats(path: Path) -> None:
     np.save(path, np.ones((2, 4), dtype=np.float32))
 
 
+def _out_of_vocabulary(path: Path) -> None:
+    np.save(path, np.array([[15496, 995, 50257, 0], [1, 2, 3, 50256]], dtype=np.int32))
+
+
+def _negative(path: Path) -> None:
+    np.save(path, np.array([[15496, 995, -1, 0], [1, 2, 3, 50256]], dtype=np.int32))
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
-    [(_pickled, "pickled"), (_truncated, "truncated"), (_not_npy, "not a NumPy"), (_floats, "integer")],
-    ids=["pickled", "truncated", "not-npy", "floats"],
+    [
+        (_pickled, "pickled"),
+        (_truncated, "truncated"),
+        (_not_npy, "not a NumPy"),
+        (_floats, "integer"),
+        (
+            _out_of_vocabulary,
+            r"token id 50257 at index \(0, 2\) is outside GPT-2's vocabulary \(0 to 50256\)",
+        ),
+        (_negative, r"token id -1 at index \(0, 2\) is outside GPT-2's vocabulary"),
+    ],
+    ids=["pickled", "truncated", "not-npy", "floats", "out-of-vocabulary", "negative"],
 )
 @pytest.mark.parametrize("dataset", ["verdict", "spam"])
 def test_damaged_npy_names_the_file(
@@ -715,3 +735,91 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     (env,) = calls
     assert env["GPTLAB_SOURCE_COMMIT"] == head.stdout.strip()
     assert env["GPTLAB_SOURCE_DIRTY"] in ("true", "false")
+
+
+# --------------------------------------------------------------------------- #
+# 9. Checkpoints checked before use (issue 23): finite weights, a config within the caps;
+#    a folder where a file was meant is named as one
+# --------------------------------------------------------------------------- #
+
+
+def _damage_tensor(folder: Path, name: str, value: float) -> None:
+    """Overwrite the first values of one tensor of a saved checkpoint, as a bad disk or a diverged run would."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / WEIGHTS_FILE))
+    weights[name][:4] = value
+    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+@pytest.fixture
+def classifier(tmp_path: Path) -> Path:
+    from gptlab.classifier import make_classifier
+
+    torch.manual_seed(0)
+    model = make_classifier(GPTModel(TINY), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    metadata = {"labels": {"0": "ham", "1": "spam"}, "max_length": 8, "pooling": "last"}
+    return save_model(model, tmp_path / "models" / "spam", metadata)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_classify_and_chat_refuse_weights_holding_nan_or_inf(
+    classifier: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], value: float
+) -> None:
+    _damage_tensor(classifier, "final_norm.scale", value)
+    assert cli.main(["classify", "--model", str(classifier), "You won a free prize"]) == 2
+    line = one_line_error(capsys, "classify")
+    assert str(classifier / WEIGHTS_FILE) in line and "final_norm.scale" in line
+    assert "NaN or infinite" in line
+    assert capsys.readouterr().out == ""  # no label printed
+    _damage_tensor(checkpoint, "tok_emb.weight", value)
+    assert cli.main(["chat", "--model", str(checkpoint), "--max-new-tokens", "2", "Say hi"]) == 2
+    line = one_line_error(capsys, "chat")
+    assert str(checkpoint / WEIGHTS_FILE) in line and "tok_emb.weight" in line
+
+
+def test_a_checkpoint_config_beyond_the_caps_is_refused_before_the_model_is_built(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = json.loads((checkpoint / CONFIG_FILE).read_text())
+    # Cheapest first: without the caps, the 1000 small blocks are built, and refused only then.
+    for key, value in (("n_layers", 1000), ("n_layers", 10**9), ("emb_dim", 10**7)):
+        (checkpoint / CONFIG_FILE).write_text(
+            json.dumps({**config, "model": {**config["model"], key: value}})
+        )
+        assert cli.main(["classify", "--model", str(checkpoint), "hello"]) == 2
+        line = one_line_error(capsys, "classify")
+        assert str(checkpoint / CONFIG_FILE) in line and f"model.{key}: expected 1 to " in line
+    many = {**config["model"], "emb_dim": 8192, "n_heads": 8, "n_layers": 256, "vocab_size": 50257}
+    (checkpoint / CONFIG_FILE).write_text(json.dumps({**config, "model": many}))
+    assert cli.main(["classify", "--model", str(checkpoint), "hello"]) == 2
+    assert "parameters, over the cap of 4,000,000,000" in one_line_error(capsys, "classify")
+
+
+def test_a_folder_given_for_a_file_is_named_as_a_folder(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "messages"
+    folder.mkdir()
+    assert cli.main(["classify", "--file", str(folder), "--model", str(checkpoint)]) == 2
+    assert (
+        one_line_error(capsys, "classify") == f"gptlab classify: --file {folder}: is a directory, not a file"
+    )
+    weights = checkpoint / WEIGHTS_FILE
+    assert cli.main(["chat", "--model", str(weights), "Say hi"]) == 2
+    assert one_line_error(capsys, "chat").startswith(
+        f"gptlab chat: --model {weights}: is a file, not a checkpoint"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    assert cli.main(["run", "--profile", str(folder)]) == 2
+    assert one_line_error(capsys, "run") == f"gptlab run: profile {folder}: is a directory, not a file"
+    with pytest.raises(
+        IsADirectoryError, match=re.escape(f"sweep file {folder}: is a directory, not a file")
+    ):
+        sweep_path(folder)
+    assert cli.main(["metrics", "check", "--baseline", str(folder)]) == 2
+    assert (
+        one_line_error(capsys, "metrics")
+        == f"gptlab metrics: baseline {folder}: is a directory, not a baseline file"
+    )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import shlex
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from gptlab.architecture import ModelConfig
 from gptlab.config import Params, SourceFile, load_params
 from gptlab.typed_config import ConfigError, flatten
 
-from helpers import PROJECT_ROOT, committed_params, committed_params_raw
+from helpers import PROJECT_ROOT, committed_params, committed_params_raw, committed_params_text
 
 DVC_STAGES = ["download", "tokenize", "pretrain", "eval", "load-gpt2", "spam-finetune", "instruct-finetune"]
 DELETE = object()
@@ -312,3 +314,142 @@ def test_values_that_cannot_work_are_refused_at_load_naming_the_key(
     with pytest.raises(ConfigError) as info:
         load_params(edited(raw, tmp_path, key, value))
     assert str(info.value).startswith(message), str(info.value)
+
+
+# Params that size memory or work, and values no training can use (issue 23, defect 4): refused at
+# load, naming the key and the limit, before a download, an allocation or a minute of training.
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("pretrain.train.lr", 1e300, "pretrain.train.lr: expected a value in (0, 1], got 1e+300"),
+        ("spam.train.weight_decay", 5.0, "spam.train.weight_decay: expected a value in [0, 1]"),
+        ("pretrain.model.n_layers", 10**9, "pretrain.model.n_layers: expected 1 to 256, got 1000000000"),
+        ("pretrain.model.emb_dim", 10**9, "pretrain.model.emb_dim: expected 1 to 8192, got 1000000000"),
+        ("pretrain.model.n_heads", 10**9, "pretrain.model.n_heads: expected 1 to 8192, got 1000000000"),
+        ("pretrain.train.batch_size", 10**12, "pretrain.train.batch_size: expected 1 to 65536"),
+        ("instruct.train.eval_batch_size", 10**9, "instruct.train.eval_batch_size: expected 1 to 65536"),
+        ("eval.batch_size", 10**9, "eval.batch_size: expected 1 to 65536"),
+        ("gpt2.batch_size", 10**9, "gpt2.batch_size: expected 1 to 65536"),
+        ("instruct.generate.batch_size", 10**9, "instruct.generate.batch_size: expected 1 to 65536"),
+        ("spam.train.epochs", 10**9, "spam.train.epochs: expected 1 to 10000"),
+        ("pretrain.train.eval_iter", 10**9, "pretrain.train.eval_iter: expected 1 to 10000"),
+        ("spam.initial_eval_batches", 10**9, "spam.initial_eval_batches: expected 1 to 10000"),
+        ("pretrain.sample.max_new_tokens", 10**9, "pretrain.sample.max_new_tokens: expected 0 to 10000"),
+        ("instruct.max_new_tokens", 10**9, "instruct.max_new_tokens: expected 1 to 10000"),
+        ("eval.samples.greedy.top_k", 10**6, "eval.samples.greedy.top_k: expected 1 to 50257 or null"),
+        ("eval.samples.greedy.temperature", 1e-300, "eval.samples.greedy.temperature: expected 0 (greedy)"),
+        ("eval.samples.greedy.temperature", 1e300, "eval.samples.greedy.temperature: expected 0 (greedy)"),
+        ("spam.lora.rank", 10**9, "spam.lora.rank: expected 1 to 8192"),
+        ("instruct.lora.alpha", 1e300, "instruct.lora.alpha: expected a value in (0, 10000]"),
+        (
+            "instruct.judge.timeout_s",
+            1e300,
+            "instruct.judge.timeout_s: expected a positive number of seconds",
+        ),
+        (
+            "gpt2.weights.gpt2-small.sha256",
+            "abc",
+            "gpt2.weights.gpt2-small.sha256: expected 64 lowercase hex digits, got 'abc'",
+        ),
+        (
+            "gpt2.weights.gpt2-small.size",
+            0,
+            "gpt2.weights.gpt2-small.size: expected a positive number of bytes",
+        ),
+        ("tracking.experiment", "", "tracking.experiment: expected a name of 1 to 250 characters, got ''"),
+        ("tracking.experiment", "x" * 10_000, "tracking.experiment: expected a name of 1 to 250 characters"),
+        ("tracking.sweep_variant", "v" * 10_000, "tracking.sweep_variant: expected a name of 1 to 250"),
+        (
+            "spam.trainable_blocks",
+            999,
+            "spam.trainable_blocks: expected 1 to 12 (the blocks of spam.base_model",
+        ),
+        (
+            "spam.max_length",
+            100000,
+            "spam.max_length: expected 1 to 1024 (the context length of spam.base_model",
+        ),
+    ],
+)
+def test_params_that_size_memory_or_work_are_bounded_at_load(
+    raw: dict[str, Any], tmp_path: Path, key: str, value: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_params(edited(raw, tmp_path, key, value))
+    assert str(info.value).startswith(message), str(info.value)
+    assert len(str(info.value)) < 400  # one line, even for a 10,000-character name
+
+
+def test_fine_tune_limits_follow_the_base_model_the_params_build(raw: dict[str, Any], tmp_path: Path) -> None:
+    """With gpt2.source pretrain the base model is pretrain.model: its blocks and context bound spam's."""
+    data = copy.deepcopy(raw)
+    data["gpt2"]["source"] = "pretrain"
+    data["pretrain"]["model"].update(context_length=128, emb_dim=64, n_layers=2, n_heads=2)
+    data["pretrain"]["data"].update(max_length=128, stride=128)
+    data["spam"].update(trainable_blocks=2, max_length=128)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert load_params(path).spam.trainable_blocks == 2
+    for key, value, message in [
+        ("trainable_blocks", 3, "spam.trainable_blocks: expected 1 to 2 (the blocks of spam.base_model"),
+        ("max_length", 129, "spam.max_length: expected 1 to 128 (the context length of spam.base_model"),
+    ]:
+        path.write_text(yaml.safe_dump({**data, "spam": {**data["spam"], key: value}}), encoding="utf-8")
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_params(path)
+
+
+def test_every_profile_and_the_defaults_pass_the_bounds() -> None:
+    from gptlab.profiles import profile_params
+
+    for profile in sorted((PROJECT_ROOT / "profiles").glob("*.yaml")):
+        assert isinstance(profile_params(profile, PROJECT_ROOT / "params.yaml"), Params), profile
+    assert isinstance(committed_params(), Params)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A 'billion laughs': each level an anchored list of nine aliases to the level below (9**levels)."""
+    lines = ['  lol0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_in_params_is_refused_at_once_naming_the_file_and_the_limit(tmp_path: Path) -> None:
+    from gptlab.profiles import load_overrides
+    from gptlab.yaml_files import MAX_YAML_NODES
+
+    text = committed_params_text()
+    params = tmp_path / "params.yaml"
+    # Inside a section, as DVC (which parses params.yaml before any stage runs) spends minutes on it.
+    params.write_text(text.replace("tokenize:\n", "tokenize:\n" + alias_bomb()), encoding="utf-8")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("gpt2:\n  batch_size: 4\n", encoding="utf-8")
+    for read in (lambda: load_params(params), lambda: load_overrides(profile, params)):
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as info:
+            read()
+        assert time.monotonic() - started < 5
+        assert str(info.value).startswith(f"{params}: ")
+        assert f"more than {MAX_YAML_NODES:,} nodes" in str(info.value)
+    profile.write_text("pretrain:\n" + alias_bomb(), encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(f"{profile}: ")):
+        load_overrides(profile, PROJECT_ROOT / "params.yaml")
+    # Aliases that expand to little stay fine, and a recursive one is refused too.
+    small = tmp_path / "small.yaml"
+    small.write_text(text.replace("tracking:\n", "x: &x [1, 2]\ny: *x\ntracking:\n"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^x: unknown key"):
+        load_params(small)
+    small.write_text("a: &a [*a]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="refers to itself"):
+        load_params(small)
+
+
+def test_the_readme_names_the_yaml_limit() -> None:
+    from gptlab.yaml_files import MAX_YAML_NODES
+
+    assert f"{MAX_YAML_NODES:,} nodes" in (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_params_that_are_not_a_file_are_named(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match=re.escape(f"{tmp_path}: is a directory, not a params file")):
+        load_params(tmp_path)

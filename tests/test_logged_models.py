@@ -253,3 +253,25 @@ def test_the_disabled_run_logs_and_registers_nothing(
     )
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.search_registered_models() == []
+
+
+def test_the_mlflow_model_refuses_weights_holding_nan(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the logged model checks its weights as `gptlab classify` does: no NaN is ever served."""
+    import mlflow.pyfunc
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    weights_file = tmp_path / "clf" / "model.safetensors"
+    weights = load_file(str(weights_file))
+    weights["final_norm.scale"][:4] = float("nan")
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    with pytest.raises(Exception, match=r"model\.safetensors: tensor final_norm\.scale holds NaN") as info:
+        mlflow.pyfunc.load_model(uri)
+    assert "\n" not in str(info.value)

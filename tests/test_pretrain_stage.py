@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -18,6 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.checkpoint import list_checkpoints, load_model
 from gptlab.config import load_params
+from gptlab.datasets import spam, verdict
+from gptlab.errors import InputError
 from gptlab.lineage import weights_sha256
 from gptlab.plots import plot_losses
 from gptlab.tracking import tracking_uri
@@ -317,3 +322,50 @@ def test_bad_settings_and_missing_data_fail_before_any_run(
     with pytest.raises(ConfigError, match="pretrain.train.lr: expected a float, got 'fast'"):
         load_params()
     assert not (tmp_path / "reports").exists() and not (tmp_path / "models").exists()
+
+
+def test_damaged_token_ids_and_a_batch_beyond_the_data_fail_before_any_model_or_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: an IndexError traceback mid-run, or a refusal after seconds of work, before; one line now."""
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    params = load_params()
+    ids = np.arange(1000, 1400, dtype=np.int32)  # 400 tokens: 8 windows of 32, 48 apart
+    verdict.save_split(params.data.processed_dir, "val", ids)
+    damaged = ids.copy()
+    damaged[123] = 50257
+    train = verdict.save_split(params.data.processed_dir, "train", damaged)
+    with pytest.raises(InputError, match=re.escape(f"{train}: token id 50257 at index 123 is outside")):
+        pretrain_stage.run(params)
+    verdict.save_split(params.data.processed_dir, "train", ids)
+    with pytest.raises(
+        InputError, match=r"has 8 examples, fewer than one batch of pretrain\.train\.batch_size=9"
+    ):
+        pretrain_stage.run(
+            dataclasses.replace(
+                params,
+                pretrain=dataclasses.replace(
+                    params.pretrain, train=dataclasses.replace(params.pretrain.train, batch_size=9)
+                ),
+            )
+        )
+    assert not (tmp_path / "models").exists() and not (tmp_path / ".gptlab").exists()
+    assert MlflowClient(tracking_uri()).search_experiments(filter_string="name = 'gptlab'") == []
+
+
+def test_spam_refuses_a_batch_beyond_its_data_before_loading_the_base_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stages import spam_finetune
+
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    params = load_params()
+    for split in spam.SPLITS:
+        frame = pd.DataFrame({"text": ["hello", "win a prize"], "label": [0, 1]})
+        spam.save_split(params.data.processed_dir, split, frame, np.array([[31373, 50256], [5404, 257]]))
+    with pytest.raises(
+        InputError, match=r"has 2 examples, fewer than one batch of spam\.train\.batch_size=8"
+    ):
+        spam_finetune.run(params)  # models/gpt2/ does not exist: the data was checked first

@@ -17,6 +17,17 @@ GPT2_VOCAB_SIZE = 50257
 # GPT-2's learned positions (n_positions): the longest context any of its models reads.
 MAX_CONTEXT_LENGTH = 1024
 
+# Explicit caps on what sizes a model, so absurd params or a damaged config.json are refused before
+# any tensor is allocated: well above GPT-2 XL (48 layers, 1,600 dims, 1.6 billion parameters).
+MAX_DIMS = {
+    "vocab_size": 1 << 20,
+    "context_length": 1 << 16,
+    "emb_dim": 8192,
+    "n_heads": 8192,
+    "n_layers": 256,
+}
+MAX_PARAMETERS = 4_000_000_000
+
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},
     "gpt2-medium": {"emb_dim": 1024, "n_layers": 24, "n_heads": 16},
@@ -46,11 +57,14 @@ class ModelConfig:
     num_classes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_classes is not None and self.num_classes < 2:
-            raise ConfigError(f"model.num_classes: expected at least 2 or null, got {self.num_classes}")
-        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.num_classes is not None and not 2 <= self.num_classes <= MAX_DIMS["vocab_size"]:
+            raise ConfigError(
+                f"model.num_classes: expected at least 2 (at most {MAX_DIMS['vocab_size']}) or null, "
+                f"got {self.num_classes}"
+            )
+        for name, cap in MAX_DIMS.items():
+            if not 0 < getattr(self, name) <= cap:
+                raise ConfigError(f"model.{name}: expected 1 to {cap}, got {getattr(self, name)}")
         if self.emb_dim % self.n_heads:
             raise ConfigError(
                 f"model.emb_dim: {self.emb_dim} is not divisible by n_heads={self.n_heads}; "
@@ -58,6 +72,18 @@ class ModelConfig:
             )
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"model.drop_rate: expected a value in [0, 1), got {self.drop_rate}")
+        if self.parameter_count() > MAX_PARAMETERS:
+            raise ConfigError(
+                f"model.emb_dim: {self.emb_dim} with n_layers={self.n_layers} and vocab_size={self.vocab_size} "
+                f"makes {self.parameter_count():,} parameters, over the cap of {MAX_PARAMETERS:,}"
+            )
+
+    def parameter_count(self) -> int:
+        """The model's parameters, from its dims alone (nothing allocated): embeddings, blocks, head."""
+        dim, blocks = self.emb_dim, self.n_layers
+        per_block = 12 * dim * dim + (10 + 3 * self.qkv_bias) * dim  # Q/K/V, output, 4x MLP; biases, 2 norms
+        head = self.vocab_size * dim if self.num_classes is None else (dim + 1) * self.num_classes
+        return (self.vocab_size + self.context_length) * dim + blocks * per_block + 2 * dim + head
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:

@@ -123,6 +123,7 @@ def load_model(
         state = load_file(str(weights), device=str(device))
     except (SafetensorError, OSError) as exc:
         raise InputError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
+    require_finite(state, weights)
     model = GPTModel(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -131,6 +132,16 @@ def load_model(
             f"unexpected {sorted(unexpected)[:5]}"
         )
     return model.to(device).eval(), metadata
+
+
+def require_finite(weights: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Refuse weights holding a NaN or an infinity (one pass): such a model answers nan, never an error."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InputError(
+                f"{path}: tensor {name} holds NaN or infinite values (a damaged file, or training that "
+                "diverged); rerun the stage that wrote it"
+            )
 
 
 # ---------------------------------------------------------------------- #

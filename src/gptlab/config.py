@@ -13,10 +13,21 @@ from typing import ClassVar, Literal
 
 import yaml
 
-from gptlab.architecture import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelConfig
+from gptlab.architecture import GPT2_VOCAB_SIZE, MAX_CONTEXT_LENGTH, MAX_DIMS, MODEL_PRESETS, ModelConfig
+from gptlab.files import require_file
 from gptlab.typed_config import ConfigError, build, renamed, require
+from gptlab.yaml_files import read_yaml
 
 PARAMS_FILE = Path("params.yaml")
+
+# Caps on the params that size memory or work, named in each refusal: far above any setting that
+# runs on one machine, so a typo (an extra few zeros) stops at load, not minutes into a stage.
+MAX_BATCH_SIZE = 65536
+MAX_ROUNDS = 10_000  # epochs, evaluation batches
+MAX_NEW_TOKENS = 10_000
+MAX_NAME_LENGTH = 250  # MLflow experiment and run names
+# Sampling temperatures: below the floor, logits / temperature overflow to inf; 0 is greedy.
+TEMPERATURE_RANGE = (0.01, 100.0)
 
 # The allowed values of spam.trainable and spam.pooling, named once: gptlab.classifier takes these words.
 Trainable = Literal["head", "last_blocks", "all", "lora"]
@@ -125,20 +136,22 @@ class TrainConfig:
     eval_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "batch_size",
-            "epochs",
-            "eval_freq",
-            "eval_iter",
-        ):
-            require(getattr(self, name) > 0, name, f"expected a positive integer, got {getattr(self, name)}")
-        require(
-            self.eval_batch_size is None or self.eval_batch_size > 0,
-            "eval_batch_size",
-            f"expected a positive integer or null, got {self.eval_batch_size}",
-        )
+        require(self.eval_freq > 0, "eval_freq", f"expected a positive integer, got {self.eval_freq}")
+        for name, cap in (("epochs", MAX_ROUNDS), ("eval_iter", MAX_ROUNDS)):
+            require_count(getattr(self, name), name, cap)
+        require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
+        if self.eval_batch_size is not None:
+            require_count(self.eval_batch_size, "eval_batch_size", MAX_BATCH_SIZE, " or null")
         require(self.lr > 0, "lr", f"expected a positive float, got {self.lr}")
+        # AdamW's step moves each weight by about lr; beyond 1, training can only diverge.
+        require(self.lr <= 1, "lr", f"expected a value in (0, 1], got {self.lr:g}")
         require(self.weight_decay >= 0, "weight_decay", f"expected 0 or more, got {self.weight_decay}")
+        require(
+            self.weight_decay <= 1,
+            "weight_decay",
+            f"expected a value in [0, 1] (each step scales the weights by 1 - lr * weight_decay), "
+            f"got {self.weight_decay:g}",
+        )
         require(
             self.grad_clip is None or self.grad_clip > 0,
             "grad_clip",
@@ -202,7 +215,7 @@ class SourceFile:
     member: str | None = None
 
     def __post_init__(self) -> None:
-        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
+        if not is_sha256(self.sha256):
             raise ConfigError(f"sha256 {self.sha256!r} of {self.path}: expected 64 lowercase hex digits")
 
 
@@ -294,15 +307,18 @@ class SampleConfig:
     def __post_init__(self) -> None:
         require(self.max_new_tokens >= 0, "max_new_tokens", f"expected 0 or more, got {self.max_new_tokens}")
         require(
-            self.temperature >= 0,
-            "temperature",
-            f"expected 0 (greedy) or a positive float, got {self.temperature}",
+            self.max_new_tokens <= MAX_NEW_TOKENS,
+            "max_new_tokens",
+            f"expected 0 to {MAX_NEW_TOKENS}, got {self.max_new_tokens}",
         )
+        low, high = TEMPERATURE_RANGE
         require(
-            self.top_k is None or self.top_k > 0,
-            "top_k",
-            f"expected a positive integer or null, got {self.top_k}",
+            self.temperature == 0 or low <= self.temperature <= high,
+            "temperature",
+            f"expected 0 (greedy) or a positive float from {low:g} to {high:g}, got {self.temperature:g}",
         )
+        if self.top_k is not None:  # torch.topk cannot pick more tokens than the vocabulary has
+            require_count(self.top_k, "top_k", GPT2_VOCAB_SIZE, " or null")
 
 
 @dataclass(frozen=True)
@@ -334,11 +350,10 @@ class PretrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     batch_size: int
+    samples: dict[str, SampleConfig]
 
     def __post_init__(self) -> None:
-        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
-
-    samples: dict[str, SampleConfig]
+        require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
 
 
 @dataclass(frozen=True)
@@ -351,6 +366,15 @@ class HFWeights:
     sha256: str
     size: int | None
 
+    def __post_init__(self) -> None:
+        # Checked before a download of up to 1.5 GB starts, which could only end refused.
+        require(is_sha256(self.sha256), "sha256", f"expected 64 lowercase hex digits, got {self.sha256!r}")
+        require(
+            self.size is None or self.size > 0,
+            "size",
+            f"expected a positive number of bytes or null, got {self.size}",
+        )
+
 
 @dataclass(frozen=True)
 class Gpt2Config:
@@ -362,7 +386,7 @@ class Gpt2Config:
     sample: SampleConfig
 
     def __post_init__(self) -> None:
-        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
+        require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
 
 
 @dataclass(frozen=True)
@@ -373,8 +397,9 @@ class LoraConfig:
     alpha: float
 
     def __post_init__(self) -> None:
-        require(self.rank > 0, "rank", f"expected a positive integer, got {self.rank}")
+        require_count(self.rank, "rank", MAX_DIMS["emb_dim"])
         require(self.alpha > 0, "alpha", f"expected a positive number, got {self.alpha}")
+        require(self.alpha <= 10_000, "alpha", f"expected a value in (0, 10000], got {self.alpha:g}")
 
 
 @dataclass(frozen=True)
@@ -412,11 +437,7 @@ class SpamConfig:
             f'expected a positive integer, "context" or null, got {self.max_length}',
         )
         require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
-        require(
-            self.initial_eval_batches > 0,
-            "initial_eval_batches",
-            f"expected a positive integer, got {self.initial_eval_batches}",
-        )
+        require_count(self.initial_eval_batches, "initial_eval_batches", MAX_ROUNDS)
         require(
             self.train.loss_kernel == "book",
             "train.loss_kernel",
@@ -437,8 +458,11 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"judge.url: expected an http:// or https:// URL, got {self.url!r}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"judge.timeout_s: expected a positive number of seconds, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= 86400:
+            raise ConfigError(
+                f"judge.timeout_s: expected a positive number of seconds, at most 86400 (a day), "
+                f"got {self.timeout_s:g}"
+            )
 
 
 @dataclass(frozen=True)
@@ -448,7 +472,7 @@ class AnswerGeneration:
     batch_size: int
 
     def __post_init__(self) -> None:
-        require(self.batch_size > 0, "batch_size", f"expected a positive integer, got {self.batch_size}")
+        require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
 
 
 @dataclass(frozen=True)
@@ -472,11 +496,7 @@ class InstructConfig:
             "allowed_max_length",
             f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
         )
-        require(
-            self.max_new_tokens > 0,
-            "max_new_tokens",
-            f"expected a positive integer, got {self.max_new_tokens}",
-        )
+        require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -490,6 +510,17 @@ class TrackingConfig:
     # gptlab.sweep_variant (and named <stage>/<variant>), so the MLflow UI groups a sweep's runs.
     sweep: str | None = None
     sweep_variant: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("experiment", "sweep", "sweep_variant"):
+            value = getattr(self, name)
+            if value is not None:  # experiment is always set; the sweep's two only by `gptlab sweep`
+                require(
+                    value.strip() != "" and len(value) <= MAX_NAME_LENGTH,
+                    name,
+                    f"expected a name of 1 to {MAX_NAME_LENGTH} characters, got "
+                    + (repr(value) if len(value) <= MAX_NAME_LENGTH else f"{len(value):,} characters"),
+                )
 
 
 @dataclass(frozen=True)
@@ -506,6 +537,31 @@ class Params:
     spam: SpamConfig
     instruct: InstructConfig
 
+    def __post_init__(self) -> None:
+        # What spam trains and reads must fit its base model, known here for GPT-2's presets and,
+        # with gpt2.source pretrain, for this pipeline's own model.
+        layers, context = self._base_model_size(self.spam.base_model)
+        name = f"spam.base_model {self.spam.base_model}"
+        if layers is not None:
+            require(
+                self.spam.trainable_blocks <= layers,
+                "spam.trainable_blocks",
+                f"expected 1 to {layers} (the blocks of {name}), got {self.spam.trainable_blocks}",
+            )
+        if isinstance(self.spam.max_length, int):
+            require(
+                self.spam.max_length <= context,
+                "spam.max_length",
+                f"expected 1 to {context} (the context length of {name}), got {self.spam.max_length}",
+            )
+
+    def _base_model_size(self, name: str) -> tuple[int | None, int]:
+        """Blocks (None if unknown before load-gpt2 runs) and context length of base model `name`."""
+        if self.gpt2.source == "pretrain":
+            model = self.pretrain.model.resolve()
+            return model.n_layers, model.context_length
+        return MODEL_PRESETS.get(name, {}).get("n_layers"), MAX_CONTEXT_LENGTH
+
 
 # --------------------------------------------------------------------------- #
 # Loading
@@ -514,15 +570,25 @@ class Params:
 
 def load_params(path: Path | str = PARAMS_FILE) -> Params:
     """Read and validate params.yaml; raises ConfigError naming the first bad key."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run from the project root, where params.yaml lives")
-    with path.open(encoding="utf-8") as fh:
-        try:
-            data = yaml.safe_load(fh)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    path = require_file(
+        Path(path), "a params file", f"{path} not found: run from the project root, where params.yaml lives"
+    )
+    try:
+        data = read_yaml(path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return build(Params, data, "")
+
+
+def require_count(value: int, field: str, cap: int, alternative: str = "") -> None:
+    """A count in [1, cap] (`alternative`, e.g. " or null", is named in the refusal)."""
+    require(value > 0, field, f"expected a positive integer{alternative}, got {value}")
+    require(value <= cap, field, f"expected 1 to {cap}{alternative}, got {value}")
+
+
+def is_sha256(value: str) -> bool:
+    """64 lowercase hex digits, as sha256sum prints a digest."""
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _check_fractions(train_frac: float, other_frac: float, other: str, *, rest: str) -> None:

@@ -2,7 +2,8 @@
 
 Everything is written to a temporary name beside its target and renamed into
 place only once complete. No torch here: data preparation and the metrics
-check write files too.
+check write files too. And `require_file`, for inputs: it tells a missing
+file from a folder given in its place.
 """
 
 from __future__ import annotations
@@ -74,3 +75,12 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def require_file(path: Path, kind: str, missing: str) -> Path:
+    """`path` if it is a file; IsADirectoryError naming it if a folder, else FileNotFoundError(`missing`)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not {kind}")
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    return path

@@ -20,6 +20,7 @@ import yaml
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.typed_config import ConfigError, build
+from gptlab.yaml_files import read_yaml
 
 BASELINES = Path("baselines")
 DEFAULT_BASELINE = BASELINES / "smoke.yaml"
@@ -100,10 +101,12 @@ def guarded_reports(path: Path) -> Path | None:
 
 
 def _read_baseline(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise InputError(f"baseline {path}: is a directory, not a baseline file")
     if not path.is_file():
         raise InputError(f"baseline {path} not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except yaml.YAMLError as exc:
@@ -262,7 +265,7 @@ def update_baseline(path: Path, reports_dir: Path) -> list[Comparison]:
             f"cannot update {path}: {reports_dir} has no current value for {', '.join(missing)}; "
             "run the stages that write them, or remove those entries from the baseline"
         )
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     for row in rows:
         data["metrics"][row.file][row.metric]["baseline"] = round(float(row.current), 6)  # type: ignore[arg-type]
     header = "".join(

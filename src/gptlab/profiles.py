@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gptlab.config import Params
 from gptlab.errors import InputError
 from gptlab.typed_config import ConfigError, build, flatten
+from gptlab.yaml_files import read_yaml
 
 PROFILES_DIR = Path("profiles")
 
@@ -35,6 +34,8 @@ def named_yaml(name_or_path: str | Path, folder: Path, kind: str, plural: str) -
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
         path = folder / f"{path}.yaml"
+    if path.is_dir():
+        raise IsADirectoryError(f"{kind} {path}: is a directory, not a file")
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
         raise InputError(f"{kind} {path} not found ({plural} here: {', '.join(known) or 'none'})")
@@ -52,10 +53,10 @@ def profile_params(profile: Path, params_file: Path) -> Params:
 
 
 def _checked_overrides(profile: Path, params_file: Path) -> tuple[dict[str, Any], Params]:
-    overrides = yaml.safe_load(profile.read_text(encoding="utf-8")) or {}
+    overrides = read_yaml(profile) or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{profile}: expected a mapping of overrides laid out like params.yaml")
-    params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+    params = read_yaml(params_file)
     try:
         return overrides, build(Params, merge_overrides(params, overrides), "")
     except ConfigError as exc:

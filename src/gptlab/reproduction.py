@@ -37,8 +37,10 @@ import yaml
 from gptlab.errors import InputError
 from gptlab.figures import LIVE
 from gptlab.figures.inputs import NotRun
+from gptlab.files import require_file
 from gptlab.paths import REPORTS
 from gptlab.typed_config import flatten
+from gptlab.yaml_files import read_yaml
 
 BOOK_FILE = Path("reproduction/book.yaml")
 REPORT_NAME = "REPRODUCTION.md"
@@ -150,9 +152,10 @@ class Book:
 def load_book(path: Path | str = BOOK_FILE) -> Book:
     """The data file, checked: an unknown or missing key is an InputError naming the figure."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"book figures file {path} not found (the default is {BOOK_FILE})")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    require_file(
+        path, "a book figures file", f"book figures file {path} not found (the default is {BOOK_FILE})"
+    )
+    data = read_yaml(path)
     if not isinstance(data, dict) or set(data) != {"chapters", "figures"}:
         raise InputError(f"{path}: expected a mapping with exactly the keys `chapters` and `figures`")
     chapters = data["chapters"]
@@ -369,7 +372,7 @@ class RunInfo:
 def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
     """The params recorded in dvc.lock (what the stages ran with), else those in params.yaml."""
     try:
-        lock = yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
+        lock = read_yaml(root / "dvc.lock")
         params: dict[str, Any] = {}
         for stage in (lock.get("stages") or {}).values():
             params.update(flatten((stage.get("params") or {}).get("params.yaml") or {}))
@@ -383,7 +386,7 @@ def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
 
 def _params_yaml(root: Path) -> dict[str, Any]:
     try:
-        return flatten(yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {})
+        return flatten(read_yaml(root / "params.yaml") or {})
     except (OSError, yaml.YAMLError):
         return {}
 
@@ -393,7 +396,7 @@ def _matching_profile(root: Path, params: Mapping[str, Any]) -> str | None:
     matches = []
     for profile in sorted((root / "profiles").glob("*.yaml")):
         try:
-            overrides = flatten(yaml.safe_load(profile.read_text(encoding="utf-8")) or {})
+            overrides = flatten(read_yaml(profile) or {})
         except (OSError, yaml.YAMLError):
             continue
         known = {key: value for key, value in overrides.items() if key in params}

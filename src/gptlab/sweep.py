@@ -60,14 +60,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gptlab.config import Params
 from gptlab.errors import GptlabError, InputError
 from gptlab.files import atomic_path
 from gptlab.paths import REPORTS
 from gptlab.profiles import merge_overrides, named_yaml, set_arguments
 from gptlab.typed_config import ConfigError, build, flatten
+from gptlab.yaml_files import read_yaml
 
 SWEEPS_DIR = Path("sweeps")
 # reports/sweeps/<sweep>.csv and .md
@@ -237,7 +236,7 @@ def load_sweep(
     name: str | None = None,
 ) -> Sweep:
     """Read a sweep file, pin its swept keys in every variant, and check each against the schema."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a mapping with `stage` and `variants`")
     unknown = sorted(set(raw) - _SWEEP_KEYS)
@@ -260,7 +259,7 @@ def load_sweep(
             raise InputError(f"{path}: notes: {variant!r} is not one of the variants")
         if not isinstance(note, str):
             raise InputError(f"{path}: notes.{variant}: expected a string")
-    params = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+    params = read_yaml(params_file)
     baseline, overridden = _baseline(own, base, dict(profile or {}), params, path)
     layered_base = merge_overrides(dict(profile or {}), base)
     variants: dict[str, dict[str, Any]] = {}

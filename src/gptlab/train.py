@@ -49,6 +49,18 @@ SeenFn = Callable[[Any], int]
 EpochEndFn = Callable[[int, nn.Module], Mapping[str, float | str]]
 
 
+def require_one_batch(
+    examples: int, batch_size: int, key: str = "train.batch_size", processes: int = 1
+) -> None:
+    """Refuse training data smaller than one batch per process; stages call it before building a model."""
+    if examples // batch_size // processes == 0:
+        ranks = f" per process ({processes} processes)" if processes > 1 else ""
+        raise InputError(
+            f"the training data has {examples} examples, fewer than one batch{ranks} of "
+            f"{key}={batch_size}: lower the batch size or supply more data"
+        )
+
+
 class Tracker(Protocol):
     """What the loop logs through: a stage's MLflow run, or nothing."""
 
@@ -243,13 +255,9 @@ def setup_training(
         ddp_model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    batches_per_epoch = len(train_data) // cfg.batch_size // world.size  # type: ignore[arg-type]
-    if batches_per_epoch == 0:
-        ranks = f" per process ({world.size} processes)" if world.size > 1 else ""
-        raise InputError(
-            f"the training data has {len(train_data)} examples, fewer than one batch{ranks} of "  # type: ignore[arg-type]
-            f"train.batch_size={cfg.batch_size}: lower the batch size or supply more data"
-        )
+    examples = len(train_data)  # type: ignore[arg-type]
+    require_one_batch(examples, cfg.batch_size, processes=world.size)
+    batches_per_epoch = examples // cfg.batch_size // world.size
     total_steps = cfg.epochs * batches_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)

@@ -116,6 +116,8 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
             )
         else:
             path = Path(file)
+            if path.is_dir():
+                raise IsADirectoryError(f"--file {path}: is a directory, not a file")
             if not path.is_file():
                 raise FileNotFoundError(f"--file {path}: no such file")
             lines = _decode_lines(path.read_bytes(), str(path))

@@ -58,6 +58,10 @@ def find_model(
     from gptlab.smoke import smoke_model_hint
 
     with model_source(value, default) as source:
+        if source.checkpoint.is_file():
+            raise NotADirectoryError(
+                f"--model {source.checkpoint}: is a file, not a checkpoint folder ({CONFIG_FILE} and its weights)"
+            )
         if not (source.checkpoint / CONFIG_FILE).is_file():
             hint = "" if value is not None else smoke_model_hint(command, default, _raw_dir_default())
             raise InputError(

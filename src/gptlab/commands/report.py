@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
 from gptlab.paths import REPORTS
 from gptlab.reproduction import BOOK_FILE, NOT_RUN, OFF, OK, write_report  # light: torch only when needed
 
@@ -40,12 +38,11 @@ def _experiment_of(reports: Path) -> str:
     """The experiment of the run reported on: as the params.yaml beside its reports names it (a
     smoke workspace's holds the profile's), else the project's."""
     from gptlab.config import load_params
+    from gptlab.yaml_files import read_yaml
 
     beside = reports.resolve().parent / "params.yaml"
     if beside.is_file():
-        named = (
-            (yaml.safe_load(beside.read_text(encoding="utf-8")) or {}).get("tracking", {}).get("experiment")
-        )
+        named = (read_yaml(beside) or {}).get("tracking", {}).get("experiment")
         if isinstance(named, str) and named:
             return named
     return load_params().tracking.experiment

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptlab.architecture import GPT2_VOCAB_SIZE
 from gptlab.errors import InputError
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -19,7 +20,8 @@ _NPY_MAGIC = b"\x93NUMPY"
 def load_token_ids(path: Path) -> np.ndarray:
     """The integer array of a `.npy` file the tokenize stage wrote; never unpickles anything.
 
-    A file that is not a NumPy array, holds pickled (object) data or non-integer values,
+    A file that is not a NumPy array, holds pickled (object) data, non-integer values or
+    ids outside GPT-2's vocabulary (which the embedding would meet as an IndexError mid-run),
     or is truncated, is an InputError naming it and how to rebuild it.
     """
     rebuild = "rerun `dvc repro tokenize` (or `dvc checkout`) to rebuild it"
@@ -48,6 +50,14 @@ def load_token_ids(path: Path) -> np.ndarray:
         state = "truncated" if size < expected else "longer than its header says"
         raise InputError(f"{path}: {state} ({size} bytes, expected {expected}); {rebuild}")
     try:
-        return np.load(path, allow_pickle=False)
+        ids = np.load(path, allow_pickle=False)
     except ValueError as exc:  # anything the checks above did not foresee
         raise InputError(f"{path}: not a readable .npy file ({exc}); {rebuild}") from exc
+    outside = (ids < 0) | (ids >= GPT2_VOCAB_SIZE)
+    if outside.any():
+        where = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise InputError(
+            f"{path}: token id {ids[where]} at index {where[0] if len(where) == 1 else where} is outside "
+            f"GPT-2's vocabulary (0 to {GPT2_VOCAB_SIZE - 1}); {rebuild}"
+        )
+    return ids
