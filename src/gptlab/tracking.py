@@ -34,6 +34,7 @@ from gptlab import lineage
 from gptlab.distributed import is_main
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
+from gptlab.files import process_alive
 
 DEFAULT_DB = "mlflow.db"
 # Seconds to wait for a tracking server to answer before a stage starts.
@@ -269,20 +270,8 @@ def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> No
     )
     for run in running:
         tags = run.data.tags
-        if tags.get("gptlab.host") == host and not _process_alive(int(tags.get("gptlab.pid", "0"))):
+        if tags.get("gptlab.host") == host and not process_alive(int(tags.get("gptlab.pid", "0"))):
             client.set_terminated(run.info.run_id, status="KILLED")
-
-
-def _process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
