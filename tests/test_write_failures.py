@@ -77,7 +77,8 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
     try:
         yield Disk(folder, os.strerror(errno.ENOSPC))
     finally:
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a test that failed may hold a file open
+        # lazy: a test that failed may still hold a file open on it
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], prefix: str) -> str:
