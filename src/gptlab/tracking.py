@@ -161,6 +161,7 @@ class StageRun:
                 self.unsent[0]()
             except Exception as exc:
                 if not server_lost(exc):
+                    self.unsent.pop(0)  # a bug or a refused call, not a lost server: never sent again
                     raise
                 if self.lost is None:
                     print(
