@@ -193,8 +193,7 @@ def save_training_checkpoint(
             _swap_into_place(tmp, final)
         return final
     except WriteError as exc:  # name the file as it would have been, not its temporary folder
-        where = final / exc.path.relative_to(tmp) if exc.path.is_relative_to(tmp) else exc.path
-        raise WriteError(where, exc.reason) from exc.__cause__
+        raise exc.moved(tmp, final) from exc.__cause__
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

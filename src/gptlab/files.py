@@ -40,6 +40,11 @@ class WriteError(GptlabError):
         self.path = path
         self.reason = reason
 
+    def moved(self, tmp: Path, final: Path) -> WriteError:
+        """The same failure named where the file goes (under `final`), not in the temporary folder `tmp`."""
+        where = final / self.path.relative_to(tmp) if self.path.is_relative_to(tmp) else self.path
+        return WriteError(where, self.reason)
+
 
 def wrapped_os_error(exc: BaseException) -> OSError | None:
     """The OSError behind `exc`: itself, one it was raised from, or the `(os error N)` its message names."""

@@ -495,8 +495,7 @@ def write_folder_atomically(out_dir: Path, write: Callable[[Path], object]) -> N
         try:
             write(tmp)
         except WriteError as exc:
-            where = out_dir / exc.path.relative_to(tmp) if exc.path.is_relative_to(tmp) else exc.path
-            raise WriteError(where, exc.reason) from exc.__cause__
+            raise exc.moved(tmp, out_dir) from exc.__cause__
         os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes it private; give it the mode mkdir would
         if os.path.lexists(out_dir):
             old = parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.old"
