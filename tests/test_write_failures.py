@@ -1,8 +1,9 @@
 """Writes that fail (issue 23, cases 3 and 11): one line naming the file, no temporary file left, and
 the temporaries of a killed run (kill -9) removed by the next run of the same command.
 
-The full disk is real: as root (CI), a 1 MiB tmpfs the test mounts. Without root (mount needs it),
-the same tests run on a folder the user may not write (EACCES), which root would ignore.
+The disks are real: as root (CI), a 1 MiB tmpfs the test mounts, written full (ENOSPC) or mounted
+read-only (EROFS). Without root (mount needs it) the same tests run on a folder the user may not
+write (EACCES), which root would ignore.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ class Disk:
     reason: str
 
     def fill(self) -> None:
-        """Take the last free byte (as root; without root nothing can be written anyway)."""
-        if os.geteuid() != 0:
+        """Take the last free byte (of a full disk; on the others nothing can be written anyway)."""
+        if self.reason != os.strerror(errno.ENOSPC):
             return
         fd = os.open(self.folder / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
@@ -62,8 +63,9 @@ class Disk:
         return sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*") if p.name != "filler")
 
 
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Disk]:
+@pytest.fixture(params=["full", "read-only"])
+def disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Disk]:
+    """As root: a 1 MiB tmpfs (ENOSPC once written full), or one mounted read-only (EROFS)."""
     folder = tmp_path / "disk"
     folder.mkdir()
     if os.geteuid() != 0:
@@ -73,9 +75,11 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
         finally:
             folder.chmod(0o755)
         return
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    read_only = request.param == "read-only"
+    options = "size=1m,ro" if read_only else "size=1m"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
     try:
-        yield Disk(folder, os.strerror(errno.ENOSPC))
+        yield Disk(folder, os.strerror(errno.EROFS if read_only else errno.ENOSPC))
     finally:
         # lazy: a test that failed may still hold a file open on it
         subprocess.run(["umount", "--lazy", str(folder)], check=True)
@@ -233,3 +237,7 @@ def test_the_part_file_of_a_killed_download_goes_on_the_next_fetch(shared_data: 
     got = fetch(dest, url=url, sha256=pinned.sha256, mirror_file=shared_data / pinned.path)
     assert got.origin == "mirror" and sha256_file(dest) == pinned.sha256
     assert not orphan.exists() and [p.name for p in dest.parent.iterdir()] == [dest.name]
+    # Also when the file is there by then (put there by hand): the rerun tidies and fetches nothing.
+    orphan.write_bytes(b"x" * 1000)
+    assert fetch(dest, url=url, sha256=pinned.sha256).origin == "present"
+    assert [p.name for p in dest.parent.iterdir()] == [dest.name]

@@ -145,6 +145,7 @@ class _Pin:
 
     def from_disk(self) -> Fetched | None:
         """`dest` if it verifies, else a verified copy of the mirror file; None when neither is there."""
+        remove_orphans(self.dest, suffix=".part")  # what a killed fetch of `dest` left
         present = self.check_present()
         if present is not None:
             return present
@@ -158,11 +159,10 @@ class _Pin:
     def temp_file(self) -> Iterator[Path]:
         """A hidden temporary file beside `dest`, removed whatever happens.
 
-        Those a killed fetch of `dest` left go first; a failed write is a WriteError naming `dest`.
+        A failed write is a WriteError naming `dest`.
         """
         with naming_write_failures(self.dest):
             self.dest.parent.mkdir(parents=True, exist_ok=True)
-            remove_orphans(self.dest, suffix=".part")
             tmp = self.dest.parent / f"{temp_prefix(self.dest)}{secrets.token_hex(6)}.part"
             # Not mkstemp: its 0600 mode would survive the rename; this honours the umask.
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))

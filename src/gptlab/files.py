@@ -17,7 +17,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,8 @@ def remove_orphans(target: Path, suffix: str = ".tmp") -> None:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
-            path.unlink(missing_ok=True)
+            with suppress(OSError):  # tidying only: a folder we may not change keeps it
+                path.unlink(missing_ok=True)
 
 
 def process_alive(pid: int) -> bool:
