@@ -11,8 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -275,3 +280,49 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     with pytest.raises(Exception, match=r"model\.safetensors: tensor final_norm\.scale holds NaN") as info:
         mlflow.pyfunc.load_model(uri)
     assert "\n" not in str(info.value)
+
+
+def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_reply(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `mlflow models serve` runs (MLflow's scoring server app, under uvicorn) answers a bad input."""
+    import mlflow.pyfunc
+    import pandas as pd
+    import uvicorn
+    from mlflow.pyfunc import scoring_server
+
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    model = mlflow.pyfunc.load_model(uri)
+    with pytest.raises(ValueError, match=r"^message 2 is empty: give some text to classify$"):
+        model.predict(pd.DataFrame({"text": ["hi", "  "]}))
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(scoring_server.init(model), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = json.dumps({"dataframe_split": {"columns": ["text"], "data": [["hi"], ["  "]]}}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as replied:
+            urllib.request.urlopen(request, timeout=60)
+        status, reply = replied.value.code, json.loads(replied.value.read())
+    finally:
+        server.should_exit = True
+        thread.join()
+    assert status == 400 and reply["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert "stack_trace" not in reply and "Traceback" not in reply["message"]
+    assert reply["message"].splitlines()[-1] == "Error: message 2 is empty: give some text to classify"

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from gptlab.lora import add_lora
 from gptlab.model import GPTModel
 from gptlab.profiles import merge_overrides
 from gptlab.sweep import (
+    Dvc,
     Experiment,
     Row,
     Sweep,
@@ -553,3 +555,68 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     # A second run under the same name is refused unless asked to replace the first.
     again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "--replace" in again.stderr
+
+
+# --------------------------------------------------------------------------- bounded waits (issue 23, case 8)
+
+
+def test_a_second_sweep_is_refused_at_once_while_one_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gptlab import cli
+
+    project = tmp_path / "project"
+    copy_project(project)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from gptlab.sweep import sweep_lock\n"
+            "with sweep_lock(Path(sys.argv[1]), 'spam'):\n    print('held', flush=True); time.sleep(120)",
+            str(project),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.chdir(project)
+        started = time.monotonic()
+        assert cli.main(["sweep", "spam", "--name", "other"]) == 2
+        assert time.monotonic() - started < 30
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"another gptlab sweep is running in this project (sweep spam, pid {holder.pid})" in err
+
+
+def test_a_dvc_command_that_hangs_is_stopped_naming_it(tmp_path: Path) -> None:
+    hanging = tmp_path / "dvc"
+    hanging.write_text("#!/bin/sh\nexec sleep 600\n")  # a dvc that waits forever, as on a held lock
+    hanging.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(GptlabError, match=r"`dvc exp show --json \.\.\.` did not finish within 1 s"):
+        Dvc(tmp_path, dict(os.environ), str(hanging), timeout=1).experiments()
+    assert time.monotonic() - started < 10
+
+
+def test_a_queue_without_progress_says_so_and_the_wait_is_bounded() -> None:
+    fake = FakeDvc([{"s-a": "running", "s-b": "queued"}])
+    out = io.StringIO()
+    with pytest.raises(GptlabError, match=r"did not finish within 0.3 s \(--timeout\)"):
+        run_queue(tiny_sweep(), fake, jobs=1, poll_seconds=0.01, timeout=0.3, stall_seconds=0.1, out=out)
+    assert (
+        "no change for 0.1 s: s-a running, s-b queued; DVC's queue has 1 active, 0 idle workers"
+        in out.getvalue()
+    )
+
+
+def test_the_sweep_commands_wait_has_a_default_bound() -> None:
+    from gptlab.cli import build_parser
+
+    assert build_parser().parse_args(["sweep", "spam"]).timeout == 24 * 3600

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from gptlab.architecture import ModelConfig
 from gptlab.errors import InputError
-from gptlab.files import atomic_path, fsync_dir
+from gptlab.files import WriteError, atomic_path, fsync_dir, naming_write_failures
 from gptlab.model import GPTModel
 from gptlab.typed_config import ConfigError
 
@@ -194,32 +194,48 @@ def save_training_checkpoint(
     written (`content_digest`), which loading checks.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(steps)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
+    final = folder / checkpoint_name(steps)
+    with naming_write_failures(final):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=folder))
     try:
-        save_weights(weights, cfg, tmp)
-        with atomic_path(tmp / STATE_FILE) as state_tmp:
-            torch.save(dict(state), state_tmp)
-        # Sizes catch truncated copies cheaply; the digests any other change of content.
-        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        digests = {WEIGHTS_FILE: content_digest(weights), STATE_FILE: content_digest(dict(state))}
-        manifest = {"sizes": sizes, "sha256": digests}
-        with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
-            manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        final = folder / name
-        if final.exists():  # from an earlier attempt at this step: move it aside, then swap
-            replaced = folder / f".{name}.replaced.tmp"
-            shutil.rmtree(replaced, ignore_errors=True)
-            os.replace(final, replaced)
-            os.replace(tmp, final)
-            shutil.rmtree(replaced)
-        else:
-            os.replace(tmp, final)
-        fsync_dir(folder)
+        _write_checkpoint_files(tmp, cfg, weights, state)
+        with naming_write_failures(final):
+            _swap_into_place(tmp, final)
         return final
+    except WriteError as exc:  # name the file as it would have been, not its temporary folder
+        raise exc.moved(tmp, final) from exc.__cause__
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_checkpoint_files(
+    tmp: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], state: Mapping[str, Any]
+) -> None:
+    """The weights, config, training state and manifest of a checkpoint, into its temporary folder."""
+    save_weights(weights, cfg, tmp)
+    with atomic_path(tmp / STATE_FILE) as state_tmp, state_tmp.open("wb") as fh:
+        torch.save(dict(state), fh)  # through a Python file: a full disk is an OSError, not "unexpected pos"
+    # Sizes catch truncated copies cheaply; the digests any other change of content.
+    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+    digests = {WEIGHTS_FILE: content_digest(weights), STATE_FILE: content_digest(dict(state))}
+    manifest = {"sizes": sizes, "sha256": digests}
+    with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
+        manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    """Rename the complete folder `tmp` to `final`, replacing one from an earlier attempt at this step."""
+    folder = final.parent
+    if final.exists():  # move it aside, then swap
+        replaced = folder / f".{final.name}.replaced.tmp"
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
+        os.replace(tmp, final)
+        shutil.rmtree(replaced)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(folder)
 
 
 def load_training_checkpoint(

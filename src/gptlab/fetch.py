@@ -28,6 +28,7 @@ from typing import BinaryIO, Literal
 from tqdm import tqdm
 
 from gptlab.errors import GptlabError, InputError
+from gptlab.files import naming_write_failures, remove_orphans, temp_prefix
 
 MIRROR_ENV = "GPTLAB_MIRROR"
 _CHUNK = 1 << 20
@@ -144,6 +145,7 @@ class _Pin:
 
     def from_disk(self) -> Fetched | None:
         """`dest` if it verifies, else a verified copy of the mirror file; None when neither is there."""
+        remove_orphans(self.dest, suffix=".part")  # what a killed fetch of `dest` left
         present = self.check_present()
         if present is not None:
             return present
@@ -155,15 +157,19 @@ class _Pin:
 
     @contextmanager
     def temp_file(self) -> Iterator[Path]:
-        """A hidden temporary file beside `dest`, removed whatever happens."""
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.dest.parent / f".{self.dest.name}.{secrets.token_hex(6)}.part"
-        # Not mkstemp: its 0600 mode would survive the rename; this honours the umask.
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        try:
-            yield tmp
-        finally:
-            tmp.unlink(missing_ok=True)
+        """A hidden temporary file beside `dest`, removed whatever happens.
+
+        A failed write is a WriteError naming `dest`.
+        """
+        with naming_write_failures(self.dest):
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.dest.parent / f"{temp_prefix(self.dest)}{secrets.token_hex(6)}.part"
+            # Not mkstemp: its 0600 mode would survive the rename; this honours the umask.
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            try:
+                yield tmp
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def publish(self, src: BinaryIO, origin: str, total: int | None = None, progress: bool = False) -> None:
         """Copy `src` beside `dest`, verify it, then rename it into place."""

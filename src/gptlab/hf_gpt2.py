@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from gptlab.architecture import ModelConfig
 from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config
 from gptlab.errors import InputError
-from gptlab.files import UMASK, atomic_path, fsync_dir
+from gptlab.files import UMASK, WriteError, atomic_path, fsync_dir, remove_orphans, temp_prefix
 from gptlab.model import GPTModel
 from gptlab.tokenizer import END_OF_TEXT_ID
 from gptlab.typed_config import ConfigError
@@ -479,17 +479,23 @@ def write_folder_atomically(out_dir: Path, write: Callable[[Path], object]) -> N
 
     An existing `out_dir` (already checked by the caller) is moved aside first and deleted only
     once the new folder is in place; on any failure it is put back and the temporary folder goes.
-    A folder that cannot be written is an InputError naming `out_dir`.
+    A folder that cannot be written is an InputError naming `out_dir`, a file that cannot (a full
+    disk) a WriteError naming it at its place in `out_dir`. The temporary folder of an export
+    killed before (kill -9) goes first.
     """
     parent = out_dir.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+        remove_orphans(out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out_dir), suffix=".tmp", dir=parent))
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot write the export here ({exc.strerror or exc})") from exc
     old: Path | None = None
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except WriteError as exc:
+            raise exc.moved(tmp, out_dir) from exc.__cause__
         os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes it private; give it the mode mkdir would
         if os.path.lexists(out_dir):
             old = parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.old"

@@ -25,6 +25,8 @@ input example:
   `top_k` with 0 for none, `seed`).
 
 The model runs on `$GPTLAB_DEVICE` (default `auto`: cuda, then mps, then cpu).
+An input it cannot answer (an empty message, a missing column) is a `BadModelInput`:
+one line, which `mlflow models serve` sends as a 400 reply without a stack trace.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from typing import Any
 
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 # Artifact names inside a logged model (MLmodel's python_function.artifacts).
@@ -176,7 +180,22 @@ class GptlabModel(mlflow.pyfunc.PythonModel):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        return self.model.predict(context, model_input, params)
+        try:
+            return self.model.predict(context, model_input, params)
+        except ValueError as exc:  # the input: the caller's to fix, said in one line
+            raise BadModelInput(" ".join(str(exc).split())) from exc
+
+
+class BadModelInput(MlflowException, ValueError):
+    """An input the model cannot answer, in one line.
+
+    As an MlflowException (INVALID_PARAMETER_VALUE), `mlflow models serve` replies 400 with
+    this message and without the stack trace it attaches to any other error; as a ValueError,
+    `mlflow.pyfunc` callers catch it as before.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 @dataclass(frozen=True)

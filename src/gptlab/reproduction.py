@@ -24,7 +24,6 @@ import csv
 import inspect
 import json
 import math
-import os
 import re
 import subprocess
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ import yaml
 from gptlab.errors import InputError
 from gptlab.figures import LIVE
 from gptlab.figures.inputs import NotRun
-from gptlab.files import require_file
+from gptlab.files import atomic_path, require_file
 from gptlab.paths import REPORTS
 from gptlab.typed_config import flatten
 from gptlab.yaml_files import read_yaml
@@ -692,8 +691,6 @@ def write_report(
     """Write the report (default <reports_dir>/REPRODUCTION.md); returns its path and the outcomes."""
     text, outcomes = make_report(book_path, reports_dir)
     out = Path(out) if out is not None else Path(reports_dir) / REPORT_NAME
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")  # replaced in one step: never a half-written report
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:  # replaced in one step: never a half-written report
+        tmp.write_text(text, encoding="utf-8")
     return out, outcomes

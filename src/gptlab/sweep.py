@@ -48,14 +48,17 @@ time comes from those runs (a time is no DVC metric: it differs run to run).
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,21 +397,43 @@ class Experiment:
     log: str | None = None
 
 
+# Seconds one dvc command of a sweep may take (`dvc exp show` waiting on a lock would wait forever).
+DVC_CALL_TIMEOUT_S = 300.0
+# The default bound on waiting for a sweep's queue (`gptlab sweep --timeout`), and how long the
+# states may stay as they are before the wait says so.
+QUEUE_TIMEOUT_S = 24 * 3600.0
+STALL_S = 600.0
+
+
 class Dvc:
     """The dvc commands a sweep runs, in the project, with the environment its experiments inherit."""
 
-    def __init__(self, project: Path, env: Mapping[str, str], dvc: str = "dvc") -> None:
+    def __init__(
+        self, project: Path, env: Mapping[str, str], dvc: str = "dvc", timeout: float = DVC_CALL_TIMEOUT_S
+    ) -> None:
         self.project = project
         self.env = dict(env)
         self.dvc = dvc
+        self.timeout = timeout
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         # Output goes through files, not pipes: `dvc queue start` leaves workers running that inherit
         # its stdout and stderr, and reading a pipe would wait for them, i.e. for the whole queue.
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-            returncode = subprocess.run(
-                [self.dvc, *args], cwd=self.project, env=self.env, stdout=stdout, stderr=stderr
-            ).returncode
+            try:
+                returncode = subprocess.run(
+                    [self.dvc, *args],
+                    cwd=self.project,
+                    env=self.env,
+                    stdout=stdout,
+                    stderr=stderr,
+                    timeout=self.timeout,
+                ).returncode
+            except subprocess.TimeoutExpired:  # the child is killed
+                raise GptlabError(
+                    f"`dvc {' '.join(args[:3])} ...` did not finish within {self.timeout:g} s and was "
+                    "stopped: is another dvc command holding the project? (`dvc queue status`)"
+                ) from None
             stdout.seek(0)
             stderr.seek(0)
             proc = subprocess.CompletedProcess(args, returncode, stdout.read(), stderr.read())
@@ -539,6 +564,33 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False, out: Any = sys.stdou
 
 
 SHOW_ATTEMPTS = 5  # consecutive failed `dvc exp show` polls before the sweep gives up
+SWEEP_LOCK = Path(".gptlab") / "sweep.lock"
+
+
+@contextmanager
+def sweep_lock(project: Path, name: str) -> Iterator[None]:
+    """Hold the project's sweep lock for the block: a second `gptlab sweep` is refused at once.
+
+    Two sweeps at once share DVC's one queue and its locks, and the second could wait on them
+    forever. The lock is the kernel's (flock): it dies with its process, however it dies.
+    """
+    path = project / SWEEP_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise GptlabError(
+                f"another gptlab sweep is running in this project ({holder}): sweeps share DVC's queue, so "
+                "run one at a time; wait for it (`dvc queue status`) or stop it, then rerun"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"sweep {name}, pid {os.getpid()}")
+        fh.flush()
+        yield
 
 
 def run_queue(
@@ -547,17 +599,19 @@ def run_queue(
     *,
     jobs: int,
     poll_seconds: float = 5.0,
-    timeout: float | None = None,
+    timeout: float = QUEUE_TIMEOUT_S,
+    stall_seconds: float = STALL_S,
     out: Any = sys.stdout,
 ) -> dict[str, Experiment]:
     """`dvc queue start --jobs N`, then wait until every variant succeeded or failed.
 
-    Prints each change of state. Fails when the queue has no worker left while variants
-    are still queued, or after `timeout` seconds (the experiments go on: `dvc queue status`).
+    Prints each change of state, and says so when none came for `stall_seconds`. Fails when
+    the queue has no worker left while variants are still queued, or after `timeout` seconds
+    (the experiments go on: `dvc queue status`).
     """
     names = {sweep.experiment(v): v for v in sweep.variants}
     dvc("queue", "start", "--jobs", str(jobs))
-    started = time.monotonic()
+    started = last_change = time.monotonic()
     seen: dict[str, str] = {}
     idle_polls = 0
     failed_polls = 0
@@ -576,17 +630,26 @@ def run_queue(
         for name in names:
             state = current[name].state if name in current else "queued"
             if seen.get(name) != state:
-                seen[name] = state
+                seen[name], last_change = state, time.monotonic()
                 done = sum(s in DONE for s in seen.values())
                 print(f"  {name}: {state or 'unknown'} ({done}/{len(names)} done)", file=out, flush=True)
         if all(seen[name] in DONE for name in names):
             return current
-        if timeout is not None and time.monotonic() - started > timeout:
+        if time.monotonic() - started > timeout:
             raise GptlabError(
-                f"the sweep did not finish within {timeout:g} s; its experiments go on in DVC's queue "
-                "(`dvc queue status`); rerun `gptlab sweep` with --collect to write the table once done"
+                f"the sweep did not finish within {timeout:g} s (--timeout); its experiments go on in DVC's "
+                "queue (`dvc queue status`); rerun `gptlab sweep` with --collect to write the table once done"
             )
         workers = dvc.workers()
+        if time.monotonic() - last_change >= stall_seconds:
+            last_change = time.monotonic()  # said once per stall_seconds without a change
+            states = ", ".join(f"{name} {seen[name] or 'unknown'}" for name in names)
+            print(
+                f"  no change for {stall_seconds:g} s: {states}; DVC's queue has {_workers_text(workers)} "
+                "(`dvc queue status`, `dvc queue logs NAME`)",
+                file=out,
+                flush=True,
+            )
         if "running" not in seen.values() and workers == (0, 0):
             idle_polls += 1
             if idle_polls >= 3:  # give freshly started workers a moment to show up
@@ -597,6 +660,12 @@ def run_queue(
         else:
             idle_polls = 0
         time.sleep(poll_seconds)
+
+
+def _workers_text(workers: tuple[int, int] | None) -> str:
+    return (
+        "workers it does not count" if workers is None else f"{workers[0]} active, {workers[1]} idle workers"
+    )
 
 
 # --------------------------------------------------------------------------- the table

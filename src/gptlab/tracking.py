@@ -8,6 +8,11 @@ pipeline, tagged so that the runs of one `dvc repro` can be found together
 Runs are started with MLflow's fluent API, so they carry MLflow's standard tags
 (`mlflow.user`, `mlflow.source.name`, ...) and, with `tracking.system_metrics`,
 CPU, memory (and GPU, where MLflow can read it) use as `system/...` metrics.
+A server that stops answering mid-run does not stop the training: what the run
+logs is kept in memory and sent once the server answers again (tried at most
+every RETRY_S seconds); a stage whose logging is still unsent at its end waits
+GPTLAB_TRACKING_TIMEOUT seconds for the server, then fails in one line naming
+the URI (a training stage keeps its resume folder, so its rerun trains nothing again).
 With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model_code.py
 (the models MLflow serves), the only modules that import mlflow.
 """
@@ -15,9 +20,11 @@ With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
 import mlflow
+import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -34,10 +42,15 @@ from gptlab import lineage
 from gptlab.distributed import is_main
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
+from gptlab.files import process_alive
 
 DEFAULT_DB = "mlflow.db"
-# Seconds to wait for a tracking server to answer before a stage starts.
+# Seconds to wait for a tracking server to answer: before a stage starts, and for its unsent logging at its end.
 TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
+# While the server is lost, the least seconds between two tries to send the logging kept meanwhile.
+RETRY_S = 30.0
+# The REST call that tells an MLflow tracking server from any other HTTP server.
+_PROBE = "api/2.0/mlflow/experiments/search?max_results=1"
 # The experiment tag MLflow's UI reads to open an experiment as "Model training", not GenAI.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
@@ -73,27 +86,118 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
 
 
+class TrackingLost(GptlabError):
+    """The tracking server stopped answering during a run and its logging could not all be sent."""
+
+
 def _live(method: Callable[Concatenate[StageRun, _P], None]) -> Callable[Concatenate[StageRun, _P], None]:
-    """The method does nothing on a run without an MLflow run (NULL_RUN): rank 0 logs for all."""
+    """The method goes through `StageRun.send`: kept while the server is lost, nothing on NULL_RUN."""
 
     @functools.wraps(method)
     def guarded(self: StageRun, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
-        if self.run_id is not None:
-            method(self, *args, **kwargs)
+        # Copies of the containers passed: one sent later must log what they held now.
+        frozen = [_snapshot(arg) for arg in args]
+        self.send(functools.partial(method, self, *frozen, **{k: _snapshot(v) for k, v in kwargs.items()}))
 
     return guarded
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _snapshot(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_snapshot(item) for item in value]
+    return value
+
+
+def server_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the tracking server did not answer (MLflow wraps requests' errors, unchained)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.RequestException):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class StageRun:
     """A stage's MLflow run. Metrics go out in batches: one call per evaluation step.
 
     Without a run (client and run_id None: NULL_RUN, the tracker of a torchrun process
-    other than rank 0) every method does nothing.
+    other than rank 0) every method does nothing. While the server does not answer,
+    the calls are kept (`unsent`) and sent in order once it does.
     """
 
-    def __init__(self, client: MlflowClient | None, run_id: str | None) -> None:
+    def __init__(self, client: MlflowClient | None, run_id: str | None, uri: str = "") -> None:
         self.client = client
         self.run_id = run_id
+        self.uri = uri
+        self.unsent: list[Callable[[], object]] = []
+        self.lost: str | None = None  # why the server stopped answering, while it does not
+        self._next_try = 0.0
+        self._sending = False
+
+    def send(self, action: Callable[[], object]) -> None:
+        """Run `action` (calls to the tracking server) now, or keep it while the server is lost."""
+        if self.run_id is None:
+            return
+        if self._sending:  # called by an action being sent (record_checkpoint's set_tags): part of it
+            action()
+            return
+        self.unsent.append(action)
+        if self.lost is not None:
+            if time.monotonic() < self._next_try:
+                return
+            self._next_try = time.monotonic() + RETRY_S
+            if not _answers(self.uri):
+                return
+        self._send_unsent()
+
+    def _send_unsent(self) -> bool:
+        """Send the kept calls in order; False, the server marked lost, when it does not answer."""
+        while self.unsent:
+            self._sending = True
+            try:
+                self.unsent[0]()
+            except Exception as exc:
+                if not server_lost(exc):
+                    self.unsent.pop(0)  # a bug or a refused call, not a lost server: never sent again
+                    raise
+                if self.lost is None:
+                    print(
+                        f"warning: MLflow tracking server {self.uri} stopped answering; the stage goes on "
+                        f"and its logging is kept to send once the server answers ({_first_line(exc)})",
+                        file=sys.stderr,
+                    )
+                self.lost = _first_line(exc)
+                self._next_try = time.monotonic() + RETRY_S
+                return False
+            finally:
+                self._sending = False
+            self.unsent.pop(0)
+        if self.lost is not None:
+            print(
+                f"MLflow tracking server {self.uri} answers again: the kept logging is sent", file=sys.stderr
+            )
+            self.lost = None
+        return True
+
+    def ensure_sent(self, rerun: str) -> None:
+        """Send what is kept, waiting up to GPTLAB_TRACKING_TIMEOUT s for the server; else TrackingLost.
+
+        `rerun` says what a rerun of the stage does; it ends the error's line.
+        """
+        if not self.unsent:
+            return
+        deadline = time.monotonic() + _timeout()
+        while not (_answers(self.uri) and self._send_unsent()):
+            if time.monotonic() >= deadline:
+                raise TrackingLost(
+                    f"MLflow tracking server {self.uri} stopped answering during the run ({self.lost}) and "
+                    f"{len(self.unsent)} logging calls could not be sent (waited {_timeout():g} s, set "
+                    f"{TIMEOUT_ENV} to wait longer): {rerun}"
+                )
+            time.sleep(1)
 
     @_live
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -224,31 +328,71 @@ def stage_run(
         tags=tags,
         log_system_metrics=system_metrics,
     )
-    stage_run = StageRun(client, run.info.run_id)
+    stage_run = StageRun(client, run.info.run_id, uri)
     try:
         stage_run.log_params(params)
         yield stage_run
+        stage_run.ensure_sent("the stage's outputs are written; rerun it once the server answers")
     except KeyboardInterrupt:
-        mlflow.end_run(status="KILLED")
+        _end_run(stage_run, "KILLED")
         raise
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        _end_run(stage_run, "FAILED")
         raise
-    mlflow.end_run(status="FINISHED")
+    _end_run(stage_run, "FINISHED")
+
+
+def _end_run(run: StageRun, status: str) -> None:
+    """End the active run. On a lost server it ends here only (its rerun marks it KILLED there),
+    and a run that would have FINISHED fails the stage."""
+    try:
+        mlflow.end_run(status=status)
+    except Exception as exc:
+        if not server_lost(exc):
+            raise
+        if status == "FINISHED":
+            raise TrackingLost(
+                f"MLflow tracking server {run.uri} stopped answering as the run ended ({_first_line(exc)}): "
+                "the stage's outputs are written; rerun it once the server answers"
+            ) from None
+
+
+def _timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, "10"))
+
+
+def _first_line(exc: BaseException) -> str:
+    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+
+
+def _answers(uri: str) -> bool:
+    """Whether the server at `uri` answers HTTP at all (a quick look, before sending kept logging)."""
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=2).close()  # noqa: S310 - http(s) only
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def check_reachable(uri: str) -> None:
-    """Fail fast, naming the URI, when a tracking server does not answer (local stores always do).
+    """Fail fast, naming the URI, when a tracking server does not answer, or not as MLflow does.
 
-    The wait is GPTLAB_TRACKING_TIMEOUT seconds (default 10); any HTTP answer counts as reachable.
+    The wait is GPTLAB_TRACKING_TIMEOUT seconds (default 10). MLflow's answer to a search of
+    experiments is JSON; a server asking for credentials (401, 403) is left to MLflow's own calls.
+    Local stores always answer.
     """
     if not uri.startswith(("http://", "https://")):
         return
-    timeout = float(os.environ.get(TIMEOUT_ENV, "10"))
+    timeout = _timeout()
     try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()  # noqa: S310 - http(s) only
-    except urllib.error.HTTPError:
-        return  # something answered: MLflow's own calls will say what is wrong
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/{_PROBE}", timeout=timeout) as response:  # noqa: S310
+            status, body = response.status, response.read(1 << 16)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return
+        status, body = exc.code, exc.read(1 << 16)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise GptlabError(
@@ -256,6 +400,20 @@ def check_reachable(uri: str) -> None:
             f"set {TIMEOUT_ENV} to wait longer): start it, or unset MLFLOW_TRACKING_URI to log to the "
             "local store (mlflow.db)"
         ) from None
+    if not _mlflow_answer(body):
+        raise GptlabError(
+            f"MLFLOW_TRACKING_URI {uri} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
+            f"HTTP {status}): point it at an `mlflow server`, or unset it to log to the local store (mlflow.db)"
+        )
+
+
+def _mlflow_answer(body: bytes) -> bool:
+    """MLflow's REST API answers a JSON object: the experiments, or an error with its `error_code`."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and (not answer or "experiments" in answer or "error_code" in answer)
 
 
 def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> None:
@@ -269,20 +427,8 @@ def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> No
     )
     for run in running:
         tags = run.data.tags
-        if tags.get("gptlab.host") == host and not _process_alive(int(tags.get("gptlab.pid", "0"))):
+        if tags.get("gptlab.host") == host and not process_alive(int(tags.get("gptlab.pid", "0"))):
             client.set_terminated(run.info.run_id, status="KILLED")
-
-
-def _process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:

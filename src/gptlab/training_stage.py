@@ -137,15 +137,17 @@ class TrainingRun:
             | LapClock.as_metrics(result.phase_seconds),
             f"{kind}/training_seconds.json",
         )
-        if self.params.tracking.log_models:
-            log_model(
-                self.tracker,
-                kind,
-                model_dir,
-                experiment=self.params.tracking.experiment,
-                bpe_files=self.params.data.bpe_files(),
-                defaults=model_defaults,
-                headline=final,
+        if self.params.tracking.log_models:  # as the other logging: sent later while the server is lost
+            self.tracker.send(
+                lambda: log_model(
+                    self.tracker,
+                    kind,
+                    model_dir,
+                    experiment=self.params.tracking.experiment,
+                    bpe_files=self.params.data.bpe_files(),
+                    defaults=model_defaults,
+                    headline=final,
+                )
             )
 
 
@@ -172,8 +174,9 @@ def training_run(
     `fingerprint` and `inputs` key the resume folder: what determines the numbers.
     `upstream` is the checkpoint the stage starts from and its metadata (linked to
     the run that wrote it); `swept` stages are tagged with the `gptlab sweep` they
-    run in. The folder is removed once the block has published; after an error it
-    stays, so a rerun resumes.
+    run in. The folder is removed once the block has published and its logging is
+    sent; after an error, or a tracking server lost for good (TrackingLost), it
+    stays, so a rerun resumes (after a complete training, with nothing to train).
     """
     tracking = params.tracking
     sweep = {"sweep": tracking.sweep, "sweep_variant": tracking.sweep_variant} if swept else {}
@@ -188,3 +191,7 @@ def training_run(
             tracker.link_upstream(*upstream)
         tracker.log_input(dataset.name, dataset.path, context="training", profile=dataset.profile)
         yield TrainingRun(params, tracker, run_dir)
+        tracker.ensure_sent(
+            f"the outputs are written and the trained state is kept in {run_dir}; rerun the stage once "
+            "the server answers: it resumes there, trains nothing again and logs a complete run"
+        )

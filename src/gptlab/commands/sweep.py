@@ -7,6 +7,9 @@ is written to reports/sweeps/<sweep>.md and .csv. `dvc exp show` lists the
 variants as <sweep>-<variant>, and their MLflow runs are tagged
 gptlab.sweep=<sweep>. --profile lays a profile's overrides (e.g. the smoke
 profile) under every variant; the sweep is then named <file>-<profile>.
+One sweep runs at a time in a project (they share DVC's queue): a second is
+refused at once. The wait is bounded (--timeout, a day by default), each dvc
+command too, and a wait without any change of state says so every 10 minutes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gptlab.sweep import QUEUE_TIMEOUT_S  # light: yaml and the params schema
 
 if TYPE_CHECKING:
     from gptlab.sweep import Sweep
@@ -48,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queue and run nothing: write the table from the sweep's experiments as they are",
     )
     parser.add_argument(
-        "--timeout", type=float, default=None, help="stop waiting after this many seconds (default: none)"
+        "--timeout",
+        type=float,
+        default=QUEUE_TIMEOUT_S,
+        help="stop waiting for the queue after this many seconds (default: %(default)g, a day); "
+        "the experiments go on, --collect writes the table later",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for <sweep>.md and .csv (default: reports/sweeps)"
@@ -69,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         queue,
         run_queue,
         shared_stage_warnings,
+        sweep_lock,
         variant_notes,
         write_table,
     )
@@ -79,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError("dvc.yaml not found: run `gptlab sweep` from the project root")
     if args.jobs < 1:
         raise InputError(f"--jobs: expected 1 or more, got {args.jobs}")
+    if not args.timeout > 0:
+        raise InputError(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
     commit = head_commit(project)
     if commit is None:
         raise GptlabError(
@@ -94,14 +106,15 @@ def run(args: argparse.Namespace) -> int:
     for note in variant_notes(sweep):
         print(f"note: {note}", file=sys.stderr, flush=True)
     if not args.collect:
-        for warning in shared_stage_warnings(sweep, dvc, project):
-            print(f"note: {warning}", file=sys.stderr, flush=True)
-        # The MLflow store and experiments exist before stages start logging to them in parallel.
-        with _env(env):
-            prepare_store(sorted({str(_experiment_of(sweep, v)) for v in sweep.variants}))
-        queue(sweep, dvc, replace=args.replace)
         try:
-            experiments = run_queue(sweep, dvc, jobs=args.jobs, timeout=args.timeout)
+            with sweep_lock(project, sweep.name):  # before anything else: a second sweep is refused at once
+                for warning in shared_stage_warnings(sweep, dvc, project):
+                    print(f"note: {warning}", file=sys.stderr, flush=True)
+                # The MLflow store and experiments exist before stages start logging to them in parallel.
+                with _env(env):
+                    prepare_store(sorted({str(_experiment_of(sweep, v)) for v in sweep.variants}))
+                queue(sweep, dvc, replace=args.replace)
+                experiments = run_queue(sweep, dvc, jobs=args.jobs, timeout=args.timeout)
         except KeyboardInterrupt:
             print(
                 f"\nstopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with "
