@@ -218,7 +218,8 @@ def test_stage_counts_and_mlflow_run(prepared: Path, shared_data: Path) -> None:
     assert runs
     for run in runs:  # the determinism test may have added a second, identical run
         assert run.info.status == "FINISHED"
-        assert run.data.metrics == {}
+        # Counts are params, not metrics; only MLflow's system sampling (every 10 s of a slow run) may add some.
+        assert not [name for name in run.data.metrics if not name.startswith("system/")]
         assert run.data.params["counts.spam.max_length"] == "120"
         assert run.data.params["counts.instruct.train.records"] == "935"
         assert run.data.params["tokenize.spam.seed"] == "123"
