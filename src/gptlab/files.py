@@ -12,12 +12,13 @@ a missing file from a folder given in its place.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,26 @@ def require_file(path: Path, kind: str, missing: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(missing)
     return path
+
+
+@contextmanager
+def exclusive_lock(path: Path, holder: str, refusal: Callable[[str], str]) -> Iterator[None]:
+    """Hold an OS-level lock (flock) on `path` for the block, with `holder` written in it.
+
+    Held already by another process: a GptlabError, at once, whose text is `refusal` of what that
+    holder wrote. The kernel releases the lock when its process dies, however it dies.
+    """
+    with path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise GptlabError(refusal(fh.read().strip())) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(holder)
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

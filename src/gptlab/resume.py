@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
@@ -52,7 +51,7 @@ from gptlab.checkpoint import (
     save_training_checkpoint,
 )
 from gptlab.data_order import forked_rng, rng_state, set_rng_state
-from gptlab.errors import GptlabError
+from gptlab.files import exclusive_lock
 from gptlab.model import GPTModel
 
 # Resumable training runs, one folder per stage and fingerprint (gitignored).
@@ -88,33 +87,11 @@ def resume_folder(stage: str, config: Mapping[str, Any], inputs: Iterable[Path |
         return
     folder.parent.mkdir(parents=True, exist_ok=True)
     lock = folder.with_name(f"{folder.name}.lock")
-    with _exclusive_lock(lock, folder):
+    busy = f"another process ({{}}) is training into {folder}: wait for it to finish, or stop it, then rerun"
+    with exclusive_lock(lock, f"pid {os.getpid()}", lambda holder: busy.format(holder or "pid unknown")):
         yield folder
         shutil.rmtree(folder, ignore_errors=True)
         lock.unlink(missing_ok=True)  # still held here, so no one else is training into the folder
-
-
-@contextmanager
-def _exclusive_lock(lock_path: Path, folder: Path) -> Iterator[None]:
-    """An OS-level lock (flock): released by the kernel when the process dies, however it dies."""
-    with lock_path.open("a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            raise GptlabError(
-                f"another process (pid {holder}) is training into {folder}: wait for it to finish, "
-                "or stop it, then rerun"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class Checkpointer:

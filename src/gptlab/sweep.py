@@ -48,7 +48,6 @@ time comes from those runs (a time is no DVC metric: it differs run to run).
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
@@ -65,7 +64,7 @@ from typing import Any
 
 from gptlab.config import Params
 from gptlab.errors import GptlabError, InputError
-from gptlab.files import atomic_path
+from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
 from gptlab.profiles import merge_overrides, named_yaml, set_arguments
 from gptlab.typed_config import ConfigError, build, flatten
@@ -576,20 +575,14 @@ def sweep_lock(project: Path, name: str) -> Iterator[None]:
     """
     path = project / SWEEP_LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise GptlabError(
-                f"another gptlab sweep is running in this project ({holder}): sweeps share DVC's queue, so "
-                "run one at a time; wait for it (`dvc queue status`) or stop it, then rerun"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"sweep {name}, pid {os.getpid()}")
-        fh.flush()
+
+    def refusal(holder: str) -> str:
+        return (
+            f"another gptlab sweep is running in this project ({holder or 'another process'}): sweeps share "
+            "DVC's queue, so run one at a time; wait for it (`dvc queue status`) or stop it, then rerun"
+        )
+
+    with exclusive_lock(path, f"sweep {name}, pid {os.getpid()}", refusal):
         yield
 
 
