@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.architecture import ModelConfig
+from gptlab import chunked_loss
 from gptlab.chunked_loss import (
-    CHUNK_TOKENS,
     chunked_next_token_loss,
     language_model_loss,
     linear_cross_entropy,
@@ -46,6 +46,26 @@ def test_fused_kernels_give_the_books_logits_and_greedy_tokens(qkv_bias: bool) -
     assert torch.equal(generate(fused, prompt, 20), generate(book, prompt, 20))
 
 
+def test_decoding_steps_follow_every_change_of_the_weights() -> None:
+    """The (in, out) copies a decoding step uses are remade after an in-place update, a load, a move."""
+    book, fused = twin_models()
+    token = torch.tensor([[7]])
+    with torch.inference_mode():
+        before = fused(token)  # builds the copies
+        torch.testing.assert_close(before, book(token), atol=1e-5, rtol=0)
+    for model in (book, fused):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.5)  # in place, as an optimizer step
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(token), book(token), atol=1e-5, rtol=0)
+        assert not torch.allclose(fused(token), before, atol=1e-3)
+    fused.load_state_dict(twin_models()[0].state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(token), before, atol=1e-5, rtol=0)
+        torch.testing.assert_close(fused.double()(token), before.double(), atol=1e-5, rtol=0)
+
+
 def test_fused_kernels_train_to_the_books_gradients() -> None:
     book, fused = twin_models()
     ids = torch.randint(0, SMALL.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
@@ -76,8 +96,14 @@ def test_wrapped_projections_are_not_fused_away() -> None:
         torch.testing.assert_close(fused(ids), book(ids), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [7, CHUNK_TOKENS + 37])
-def test_chunked_loss_equals_cross_entropy_with_ignored_rows(rows: int) -> None:
+@pytest.mark.parametrize("rows_per_chunk", [None, 10])
+def test_chunked_loss_equals_cross_entropy_with_ignored_rows(
+    rows_per_chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One chunk (the default's size), and 37 rows in chunks of 10, the last one short."""
+    rows = 37
+    if rows_per_chunk is not None:
+        monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * rows_per_chunk)
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(rows, 16, generator=generator, requires_grad=True)
     weight = torch.randn(211, 16, generator=generator, requires_grad=True)
@@ -92,6 +118,34 @@ def test_chunked_loss_equals_cross_entropy_with_ignored_rows(rows: int) -> None:
         torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), reference)
     torch.testing.assert_close(chunked[0], hidden.grad)
     torch.testing.assert_close(chunked[1], weight.grad)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [None, 10])
+def test_chunked_loss_under_bf16_autocast_matches_cross_entropy_under_it(
+    rows_per_chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The casts done once per call give what autocast's per-op casts give, within bf16's rounding."""
+    if rows_per_chunk is not None:
+        monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * rows_per_chunk)
+    generator = torch.Generator().manual_seed(6)
+    hidden = torch.randn(37, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(211, 16, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 211, (37,), generator=generator)
+    grads = []
+    for loss_of in (
+        lambda: linear_cross_entropy(hidden, weight, targets),
+        lambda: F.cross_entropy(F.linear(hidden, weight).float(), targets),
+    ):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of()
+        loss.backward()
+        grads.append((loss.detach(), hidden.grad, weight.grad))
+        hidden.grad = weight.grad = None
+    (loss_c, hidden_c, weight_c), (loss_r, hidden_r, weight_r) = grads
+    assert hidden_c.dtype == hidden.dtype and weight_c.dtype == weight.dtype
+    torch.testing.assert_close(loss_c, loss_r, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(hidden_c, hidden_r, atol=2e-3, rtol=2e-2)
+    torch.testing.assert_close(weight_c, weight_r, atol=2e-3, rtol=2e-2)
 
 
 def test_chunked_loss_of_only_ignored_targets_is_nan_like_cross_entropy() -> None:

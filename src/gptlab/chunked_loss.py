@@ -16,10 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.losses import IGNORE_INDEX, LossFn, next_token_loss
-from gptlab.model import GPTModel
+from gptlab.model import GPTModel, Linear
 
-# Tokens per chunk: 256 x 50,257 fp32 logits are ~51 MB, small enough to stay in cache-friendly pieces.
-CHUNK_TOKENS = 256
+# Logits per chunk: 2**25 fp32 values (134 MB, ~660 tokens of GPT-2's vocabulary). A pretraining
+# batch (2 x 256 tokens) is one chunk, so its casts and matmuls are done once; an instruct batch
+# (8 x up to 1,024 tokens) is a dozen, so its full logits (1.6 GB) never exist.
+CHUNK_LOGITS = 2**25
 
 
 def language_model_loss(kernel: str) -> LossFn:
@@ -35,7 +37,7 @@ def chunked_next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.T
     """
     if (
         not isinstance(model, GPTModel)
-        or type(model.out_head) is not nn.Linear
+        or type(model.out_head) not in (nn.Linear, Linear)
         or model.out_head.bias is not None
     ):
         return next_token_loss(model, batch)
@@ -59,34 +61,43 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def loss_and_grads(
         hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, want_grads: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        kept = targets != IGNORE_INDEX
-        count = kept.sum()
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if want_grads else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grads else None
-        for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-            rows = slice(start, start + CHUNK_TOKENS)
-            h, t, keep = hidden[rows], targets[rows], kept[rows]
-            logits = F.linear(h, weight).float()  # (chunk, vocab); fp32 for the softmax under autocast
-            lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
-            safe_t = torch.where(keep, t, 0)
-            target_logit = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1)
-            total += ((lse - target_logit) * keep).sum()
-            if want_grads:
+        device_type = hidden.device.type
+        # Under autocast the matmuls run in its dtype: cast the weight and hidden states once, not per chunk.
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+        with torch.autocast(device_type, enabled=False):
+            h_all, w = hidden.to(dtype), weight.to(dtype)
+            kept = targets != IGNORE_INDEX
+            count = kept.sum()
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            grad_hidden = torch.empty_like(hidden) if want_grads else None
+            grad_weight: torch.Tensor | None = None
+            chunk = max(1, CHUNK_LOGITS // weight.shape[0])
+            for start in range(0, hidden.shape[0], chunk):
+                rows = slice(start, start + chunk)
+                h, t, keep = h_all[rows], targets[rows], kept[rows]
+                logits = F.linear(h, w).float()  # (chunk, vocab); the softmax in fp32
+                lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
+                safe_t = torch.where(keep, t, 0)
+                target_logit = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1)
+                total += ((lse - target_logit) * keep).sum()
+                if not want_grads:
+                    continue
                 # d loss_sum / d logits = softmax - one_hot(target), zero on skipped rows.
                 probs = logits.sub_(lse.unsqueeze(1)).exp_()
                 probs.scatter_add_(1, safe_t.unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
-                probs.mul_(keep.unsqueeze(1))
-                grad_hidden[rows] = probs @ weight  # type: ignore[index]  # bf16 matmul under autocast
-                if torch.is_autocast_enabled(hidden.device.type):
-                    grad_weight += probs.t() @ h  # type: ignore[operator]
+                probs = probs.mul_(keep.unsqueeze(1)).to(dtype)
+                grad_hidden[rows] = probs @ w  # type: ignore[index]
+                if grad_weight is None:
+                    grad_weight = (probs.t() @ h).float()  # fp32 sums, whatever the matmul dtype
+                elif probs.dtype == grad_weight.dtype:
+                    grad_weight.addmm_(probs.t(), h)  # no (vocab, emb) temporary
                 else:
-                    grad_weight.addmm_(probs.t(), h)  # type: ignore[union-attr]  # no (vocab, emb) temporary
+                    grad_weight += probs.t() @ h
         denominator = count.clamp(min=1).float()
         loss = torch.where(count > 0, total / denominator, torch.nan)  # as F.cross_entropy: nan for none kept
         if not want_grads:
             return loss, None, None
-        return loss, grad_hidden / denominator, (grad_weight / denominator).to(weight.dtype)  # type: ignore[operator]
+        return loss, grad_hidden.div_(denominator), grad_weight.div_(denominator).to(weight.dtype)  # type: ignore[union-attr]
 
     @staticmethod
     def forward(ctx, hidden, weight, targets):  # type: ignore[no-untyped-def, override]
@@ -97,4 +108,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[no-untyped-def, override]
         grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_output.item() == 1.0:  # the usual loss.backward(): no (vocab, emb) copy to scale by 1
+            return grad_hidden, grad_weight, None
         return grad_hidden * grad_output, grad_weight * grad_output, None
