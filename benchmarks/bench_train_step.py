@@ -37,6 +37,7 @@ from torch import nn
 
 from gptlab.architecture import ModelConfig
 from gptlab.chunked_loss import language_model_loss
+from gptlab.compilation import CompiledOrEager
 from gptlab.config import PARAMS_FILE, TrainConfig, load_params
 from gptlab.losses import next_token_loss
 from gptlab.model import GPTModel
@@ -164,7 +165,7 @@ def ours_step(
     model = GPTModel(cfg).to(device)
     loss_fn = language_model_loss(train.loss_kernel)
     if train.compile:
-        loss_fn = torch.compile(loss_fn)
+        loss_fn = CompiledOrEager(loss_fn)
     optimizer = make_adamw(list(model.parameters()), train)
     return step_of(model, optimizer, loss_fn, batch, lambda: autocast(device, train.precision))
 

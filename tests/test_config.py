@@ -306,6 +306,7 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ),
         ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
         ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
+        ("pretrain.train.eval_in_one_pass", True, "pretrain.train.eval_in_one_pass: needs rng: per_epoch"),
     ],
 )
 def test_values_that_cannot_work_are_refused_at_load_naming_the_key(

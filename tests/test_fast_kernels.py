@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from gptlab.chunked_loss import (
     language_model_loss,
     linear_cross_entropy,
 )
+from gptlab.compilation import COMPILE_CACHE
 from gptlab.generate import generate
 from gptlab.losses import IGNORE_INDEX, next_token_loss
 from gptlab.model import GPTModel
@@ -190,8 +192,29 @@ def test_fit_with_the_fast_settings_trains(tmp_path: Path) -> None:
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
 
 
+def test_a_compile_that_fails_trains_eager_after_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine without a working C++ compiler: inductor fails, the run goes on eager."""
+    torch._dynamo.reset()  # nothing compiled earlier in this process may stand in for the compile
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "compile-cache"))
+    with torch._inductor.config.patch({"cpp.cxx": (str(tmp_path / "no-such-compiler"),)}):
+        _, result = run_fit(tmp_path / "run", dataclasses.replace(TRAIN, max_steps=3, compile=True))
+    torch._dynamo.reset()
+    assert result.steps == 3
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train.compile:")]
+    assert len(lines) == 1 and "torch.compile failed, training eager instead" in lines[0], lines
+
+
 @pytest.mark.slow
-def test_fit_compiled_matches_the_eager_run(tmp_path: Path) -> None:
+def test_fit_compiled_matches_the_eager_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """...and keeps its compiled code in the project's git-ignored compile cache."""
+    torch._dynamo.reset()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
     cfg = dataclasses.replace(TRAIN, max_steps=3)
     _, eager = run_fit(tmp_path / "eager", cfg)
     _, compiled = run_fit(tmp_path / "compiled", dataclasses.replace(cfg, compile=True))
@@ -199,3 +222,6 @@ def test_fit_compiled_matches_the_eager_run(tmp_path: Path) -> None:
     for a, b in zip(eager.history, compiled.history, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=0.1)
     assert compiled.history[-1]["train_loss"] < compiled.history[0]["train_loss"]
+    torch._dynamo.reset()
+    assert any((tmp_path / COMPILE_CACHE).rglob("*")), "nothing in the compile cache"
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == (tmp_path / COMPILE_CACHE).resolve()

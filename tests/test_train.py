@@ -441,3 +441,16 @@ def test_a_failed_background_save_surfaces(tmp_path: Path) -> None:
 def test_a_run_without_any_checkpoint_schedule_is_refused() -> None:
     with pytest.raises(ConfigError, match="every_steps and every_minutes are both null"):
         checkpoint_config(every_steps=None, every_minutes=None)
+
+
+def test_evaluations_in_one_pass_give_the_per_batch_means_of_full_batches(tmp_path: Path) -> None:
+    """eval_in_one_pass scores eval_iter full batches at once: the same losses, the same training."""
+    model_a, batched = run_fit(tmp_path / "batched")
+    model_b, one_pass = run_fit(tmp_path / "one_pass", dataclasses.replace(TRAIN, eval_in_one_pass=True))
+    assert len(one_pass.history) == len(batched.history) > 2
+    for row_a, row_b in zip(batched.history, one_pass.history, strict=True):
+        assert row_a["step"] == row_b["step"]
+        for key in ("train_loss", "val_loss"):
+            assert row_b[key] == pytest.approx(row_a[key], rel=1e-5), (row_a["step"], key)
+    for (name, a), b in zip(weights_of(model_a).items(), weights_of(model_b).values(), strict=True):
+        assert torch.equal(a, b), name  # evaluation draws nothing: training is the same

@@ -134,6 +134,10 @@ class TrainConfig:
     # Batch size of full-split losses; null: the training batch, as the book (it averages
     # per-batch means, so another size changes the number).
     eval_batch_size: int | None = None
+    # Score each evaluation's eval_iter batches in one forward pass: the mean over their examples,
+    # which is the book's mean of per-batch means while the batches are full and count the same
+    # number of targets (pretrain, spam); a token-weighted mean where padding varies (instruct).
+    eval_in_one_pass: bool = False
 
     def __post_init__(self) -> None:
         require(self.eval_freq > 0, "eval_freq", f"expected a positive integer, got {self.eval_freq}")
@@ -142,6 +146,11 @@ class TrainConfig:
         require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
         if self.eval_batch_size is not None:
             require_count(self.eval_batch_size, "eval_batch_size", MAX_BATCH_SIZE, " or null")
+        require(
+            not self.eval_in_one_pass or self.rng == "per_epoch",
+            "eval_in_one_pass",
+            "needs rng: per_epoch (under rng: book evaluation reads the shuffled training loader, batch by batch)",
+        )
         require(self.lr > 0, "lr", f"expected a positive float, got {self.lr}")
         # AdamW's step moves each weight by about lr; beyond 1, training can only diverge.
         require(self.lr <= 1, "lr", f"expected a value in (0, 1], got {self.lr:g}")

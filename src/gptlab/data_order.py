@@ -45,8 +45,12 @@ class DataOrder:
     ) -> None:
         self.protocol = cfg.rng if world.size == 1 else "per_epoch"
         self.train_data, self.cfg, self.world, self.collate_fn = train_data, cfg, world, collate_fn
-        self.train_eval = evaluation_loader(train_data, cfg.batch_size, self.protocol, True, collate_fn)
-        self.val_eval = evaluation_loader(val_data, cfg.batch_size, self.protocol, False, collate_fn)
+        # With eval_in_one_pass, one batch holds what eval_iter batches would (per_epoch: the same examples).
+        one_pass = cfg.eval_in_one_pass and self.protocol == "per_epoch"
+        eval_batch = cfg.batch_size * cfg.eval_iter if one_pass else cfg.batch_size
+        self.eval_batches = 1 if one_pass else cfg.eval_iter  # batches an evaluation reads of each split
+        self.train_eval = evaluation_loader(train_data, eval_batch, self.protocol, True, collate_fn)
+        self.val_eval = evaluation_loader(val_data, eval_batch, self.protocol, False, collate_fn)
 
     def start_afresh(self) -> None:
         """Seed a run that resumes nothing; under `book` the stage has seeded where the chapter does."""

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from gptlab import distributed
 from gptlab.checkpoint import Progress
+from gptlab.compilation import CompiledOrEager
 from gptlab.config import CheckpointConfig, TrainConfig
 from gptlab.data_order import Collate, DataOrder
 from gptlab.errors import InputError
@@ -199,7 +200,7 @@ class TrainingSetup:
     trainable: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
     loss_fn: LossFn
-    step_loss: LossFn  # loss_fn, compiled with train.compile
+    step_loss: LossFn  # loss_fn, compiled with train.compile (eager if compiling fails)
     batches_per_epoch: int
     total_steps: int
 
@@ -273,7 +274,7 @@ def setup_training(
         optimizer=make_adamw(trainable, cfg),
         loss_fn=loss_fn,
         # Only the training step is compiled: evaluation (eval mode, other shapes) would recompile.
-        step_loss=torch.compile(loss_fn) if cfg.compile else loss_fn,
+        step_loss=CompiledOrEager(loss_fn) if cfg.compile else loss_fn,
         batches_per_epoch=batches_per_epoch,
         total_steps=total_steps,
     )
@@ -311,7 +312,7 @@ def _resume(checkpointer: Checkpointer, order: DataOrder, tracker: Tracker) -> P
 def _eval_losses(model: nn.Module, run: TrainingSetup, order: DataOrder) -> dict[str, float]:
     """The book's evaluation: mean losses of `eval_iter` batches of each split (averaged over ranks)."""
     return {
-        f"{split}_loss": distributed.all_mean(run.eval_loss(model, loader, run.cfg.eval_iter))
+        f"{split}_loss": distributed.all_mean(run.eval_loss(model, loader, order.eval_batches))
         for split, loader in (("train", order.train_eval), ("val", order.val_eval))
     }
 
