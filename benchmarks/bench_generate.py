@@ -4,7 +4,11 @@ One GPT-2 small model (context 1024, random weights, the head tied to the
 token embedding as GPT-2's) continues a short prompt by 100 and by 900 new
 tokens, greedily, in three ways:
 
-- ours: `gptlab.generate.generate` with the KV cache (sdpa attention);
+- ours: `gptlab.generate.generate` with the KV cache (sdpa attention, the fast
+  profile's fused kernels: one Q/K/V matmul, decoding steps against (in, out)
+  weight copies), and the same with the book's kernels;
+- ours with bf16 weights (an inference precision): the same weights cast to
+  bf16, its tokens compared with transformers' fp32 ones;
 - transformers: `GPT2LMHeadModel.generate(do_sample=False, use_cache=True)` on
   the same weights (converted by gptlab.hf_gpt2), never stopping at end-of-text;
 - the book: chapter 5's `generate_text_simple`, which reruns the whole sequence
@@ -21,6 +25,8 @@ ratio to transformers, and says whether our tokens equal transformers'.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -50,9 +56,9 @@ def book_generate(model: GPTModel, idx: torch.Tensor, max_new_tokens: int) -> to
 
 
 def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
-    """Ours and transformers' GPT-2 holding the same random weights (a tied head, as GPT-2's)."""
+    """Ours (fused kernels) and transformers' GPT-2 holding the same random weights (a tied head, as GPT-2's)."""
     torch.manual_seed(123)
-    ours = GPTModel(cfg).eval()
+    ours = GPTModel(dataclasses.replace(cfg, kernels="fused")).eval()
     with torch.no_grad():
         ours.out_head.weight.copy_(ours.tok_emb.weight)
     theirs = GPT2LMHeadModel(GPT2Config(**hf_config(cfg)))
@@ -65,8 +71,13 @@ def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
 def variants(
     ours: GPTModel, theirs: GPT2LMHeadModel
 ) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    book_kernels = GPTModel(dataclasses.replace(ours.cfg, kernels="book")).eval()
+    book_kernels.load_state_dict(ours.state_dict())
+    bf16_weights = copy.deepcopy(ours).to(torch.bfloat16)
     return {
         "ours (KV cache)": lambda idx, n: generate(ours, idx, n),
+        "ours, book kernels": lambda idx, n: generate(book_kernels, idx, n),
+        "ours, bf16 weights": lambda idx, n: generate(bf16_weights, idx, n),
         "transformers generate": lambda idx, n: theirs.generate(
             idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, do_sample=False, use_cache=True
         ),

@@ -1,4 +1,4 @@
-"""One GPT-2 training step four ways, in one run with rounds interleaved, against this machine's GEMM rate.
+"""One GPT-2 training step four ways (six where bf16 is fast), rounds interleaved, against the GEMM rate.
 
 The variants, each GPT-2 small dimensions (untied head), cross entropy and
 AdamW on the same random token ids:
@@ -8,7 +8,12 @@ AdamW on the same random token ids:
 2. ours, default: GPTModel with params.yaml's pretrain settings (book-exact);
 3. ours, fast: GPTModel with profiles/fast.yaml applied (read at run time);
 4. transformers: GPT2LMHeadModel, SDPA attention, fused AdamW, at the fast
-   profile's resolved precision.
+   profile's resolved precision;
+5. and 6., where that precision is bf16: the fast profile and transformers
+   again with fp32 forced, so each precision has its own comparison;
+7. with --compile: the fast profile through torch.compile.
+
+"vs transformers" compares each row with transformers at the row's precision.
 
 Each round runs one step of every variant in turn (so load on a shared
 machine hits them alike); the table shows each variant's median. Before the
@@ -20,6 +25,7 @@ in the same rounds (fp32; bf16 too where bf16 is fast here).
     python benchmarks/bench_train_step.py              # the real measurement (minutes on a CPU, ~12 GB)
     python benchmarks/bench_train_step.py --tiny       # a seconds-long smoke run
     python benchmarks/bench_train_step.py --device cuda
+    python benchmarks/bench_train_step.py --compile    # adds the compiled step (first step: the compile)
 """
 
 from __future__ import annotations
@@ -245,6 +251,12 @@ def main() -> None:
         "--tiny", action="store_true", help="a 2-layer, 64-dim model, 512 ids, context 32: a smoke run"
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="adds the fast profile through torch.compile (its first step is the compile: cold, or warm "
+        "from .gptlab/compile-cache/)",
+    )
     parser.add_argument("--peak-tflops", type=float, help="adds MFU against this peak (H200 bf16 dense: 989)")
     args = parser.parse_args()
 
@@ -288,6 +300,16 @@ def main() -> None:
             fast_precision,
         ),
     }
+    if fast_precision != "fp32":  # each must win at both precisions: fp32 forced too
+        fast_fp32 = dataclasses.replace(fast.train, precision="fp32")
+        builders["ours, fast profile, fp32"] = (lambda: ours_step(fast_cfg, fast_fp32, batch, device), "fp32")
+        builders["transformers, fp32"] = (lambda: transformers_step(fast_cfg, "fp32", batch, device), "fp32")
+    if args.compile:
+        compiled = dataclasses.replace(fast.train, compile=True)
+        builders["ours, fast + torch.compile"] = (
+            lambda: ours_step(fast_cfg, compiled, batch, device),
+            fast_precision,
+        )
     for name, (build, precision) in builders.items():
         step = build()
         start = time.perf_counter()
@@ -316,12 +338,15 @@ def main() -> None:
         + ", ".join(f"{name} {statistics.median(r) / 1e9:.1f} GFLOP/s" for name, r in rates.items())
     )
     median = {name: statistics.median(t) for name, t in times.items()}
-    book, hf = median["book (ch. 4 model, AdamW)"], median["transformers GPT2LMHeadModel"]
+    book = median["book (ch. 4 model, AdamW)"]
+    transformers_at = {fast_precision: median["transformers GPT2LMHeadModel"]}
+    transformers_at.setdefault("fp32", median.get("transformers, fp32", 0.0))
     print(
         f"{'variant':<30} {'s/step':>8} {'tokens/s':>9} {'vs book':>8} {'vs transformers':>16} {'GEMM share':>11}"
     )
     for name, seconds in median.items():
         precision = variants[name][1]
+        hf = transformers_at[precision]  # transformers at the same precision
         rate = statistics.median(rates.get(precision, rates["fp32"]))
         share = flops / seconds / rate
         mfu = f" {flops / seconds / (args.peak_tflops * 1e12):>6.1%}" if args.peak_tflops else ""
@@ -329,10 +354,12 @@ def main() -> None:
             f"{name:<30} {seconds:>8.4g} {tokens / seconds:>9.1f} {book / seconds:>7.2f}x "
             f"{hf / seconds:>15.2f}x {share:>10.0%}{mfu}  ({precision})"
         )
-    limit = flops / statistics.median(rates["fp32"])
-    print(
-        f"{'the fp32 GEMM limit':<30} {limit:>8.4g} {tokens / limit:>9.1f} {book / limit:>7.2f}x {hf / limit:>15.2f}x {1:>10.0%}"
-    )
+    for precision, rate in rates.items():
+        limit, hf = flops / statistics.median(rate), transformers_at[precision]
+        print(
+            f"{f'the {precision} GEMM limit':<30} {limit:>8.4g} {tokens / limit:>9.1f} {book / limit:>7.2f}x "
+            f"{hf / limit:>15.2f}x {1:>10.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptlab.architecture import ModelConfig
 from gptlab import chunked_loss
+from gptlab.architecture import ModelConfig
 from gptlab.chunked_loss import (
     chunked_next_token_loss,
     language_model_loss,
@@ -208,9 +208,7 @@ def test_a_compile_that_fails_trains_eager_after_one_line(
 
 
 @pytest.mark.slow
-def test_fit_compiled_matches_the_eager_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fit_compiled_matches_the_eager_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """...and keeps its compiled code in the project's git-ignored compile cache."""
     torch._dynamo.reset()
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)

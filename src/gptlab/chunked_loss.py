@@ -63,7 +63,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         device_type = hidden.device.type
         # Under autocast the matmuls run in its dtype: cast the weight and hidden states once, not per chunk.
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+        dtype = (
+            torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+        )
         with torch.autocast(device_type, enabled=False):
             h_all, w = hidden.to(dtype), weight.to(dtype)
             kept = targets != IGNORE_INDEX

@@ -21,7 +21,6 @@ from torch import nn
 
 from gptlab.architecture import ModelConfig
 
-
 # Rows up to which a CPU matmul is a decoding step: one token per sequence, a batch of one or two.
 DECODE_ROWS = 2
 
