@@ -19,7 +19,7 @@ answers to every test record, timed around the stage's call of
 `generate_responses`). Weights do change one thing: a model this barely
 trained seldom ends an answer at end-of-text, so every answer runs to
 instruct.max_new_tokens, which `--answer-tokens` sets (32 by default; the
-book's 256 would take ~25 min of answers at batch 1). Beside them, the stage's
+book's 256 would take over 20 min of answers at batch 1). Beside them, the stage's
 wall time (start-up, the final full-split scores and MLflow logging included,
 so it grows with the data, not the cap) and the peak RSS of the stage process.
 
