@@ -24,7 +24,7 @@ wall time (start-up, the final full-split scores and MLflow logging included,
 so it grows with the data, not the cap) and the peak RSS of the stage process.
 
     python benchmarks/bench_finetune.py --smoke     # the smoke profile's tiny model and data: a few minutes
-    python benchmarks/bench_finetune.py             # full data, 20 steps, 32-token answers: ~30 min on 2 CPU cores
+    python benchmarks/bench_finetune.py             # full data, 20 steps, 32-token answers: ~30 min on 2 CPU cores (estimated)
     python benchmarks/bench_finetune.py --stages instruct-finetune --max-steps 10 --rounds 3
 """
 
