@@ -16,11 +16,12 @@ that count are per unit and do not depend on the cap: seconds per training
 step and per evaluation (the loop's own breakdown, what the stage logs as
 `<kind>/training_seconds.json`), and seconds per answer (instruct's greedy
 answers to every test record, timed around the stage's call of
-`generate_responses`). Weights do change one thing: a model this barely
-trained seldom ends an answer at end-of-text, so every answer runs to
+`generate_responses`). Weights do change one thing: where an answer ends at
+end-of-text. A model this barely trained may run every answer to
 instruct.max_new_tokens, which `--answer-tokens` sets (32 by default; the
-book's 256 would take over 20 min of answers at batch 1). Beside them, the stage's
-wall time (start-up, the final full-split scores and MLflow logging included,
+book's 256 would take over 20 min of answers at batch 1), and the breakdown
+prints the answers' mean length (roughly: their text encoded again). Beside
+them, the stage's wall time (start-up, the final full-split scores and MLflow logging included,
 so it grows with the data, not the cap) and the peak RSS of the stage process.
 
     python benchmarks/bench_finetune.py --smoke     # the smoke profile's tiny model and data: a few minutes
