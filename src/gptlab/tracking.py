@@ -14,8 +14,9 @@ every RETRY_S seconds); a stage whose logging is still unsent at its end waits
 GPTLAB_TRACKING_TIMEOUT seconds for the server, then fails in one line naming
 the URI (a training stage keeps its resume folder, so its rerun trains nothing again).
 With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model_code.py
-(the models MLflow serves), the only modules that import mlflow; all of them import it where
-it is used, not at the top (`imported_mlflow` says why).
+(the models MLflow serves), the only modules that import mlflow. The first three import it
+where it is used, not at their top (`imported_mlflow` says why); pyfunc_models is loaded by
+name, only when a model is logged or served.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from gptlab import lineage
+from gptlab.distributed import is_main
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.files import process_alive
@@ -325,8 +327,6 @@ def stage_run(
     `sweep_variant`: tracking.sweep and tracking.sweep_variant) is tagged gptlab.sweep and
     gptlab.sweep_variant and named <stage>/<variant>, so the UI lists a sweep's runs together.
     """
-    from gptlab.distributed import is_main  # torch: not for the stages that train nothing
-
     if not is_main():
         yield NULL_RUN
         return
