@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import tiktoken
 import torch
 
@@ -58,7 +57,7 @@ from gptlab.runtime import autocast
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun
 from gptlab.train import TrainResult, require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
+from gptlab.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
 from gptlab.typed_config import flatten
 
 STAGE = "instruct-finetune"
@@ -127,7 +126,7 @@ def run(params: Params) -> None:
             model,
             INSTRUCT_MODEL,
             metadata,
-            Reports(REPORT_DIR, metrics, counts, pd.DataFrame(result.history, columns=LOSS_COLUMNS)),
+            Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS)),
             result,
             kind="instruct",
             model_defaults={"max_new_tokens": cfg.max_new_tokens},

@@ -19,7 +19,6 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -38,7 +37,7 @@ from gptlab.timing import LapClock
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import section
 from gptlab.train import require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, training_run
+from gptlab.training_stage import DatasetRead, Reports, loss_table, training_run
 from gptlab.typed_config import flatten
 
 STAGE = "pretrain"
@@ -107,7 +106,7 @@ def run(params: Params) -> None:
             model,
             PRETRAIN_MODEL,
             {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
-            Reports(REPORT_DIR, metrics, counts, pd.DataFrame(result.history, columns=LOSS_COLUMNS)),
+            Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS)),
             result,
             kind="pretrain",
             model_defaults={

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
 
@@ -53,7 +52,7 @@ from gptlab.runtime import ordered_loader, resolve_device
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun, section
 from gptlab.train import TrainResult, require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, trainable_metadata, training_run
+from gptlab.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
 from gptlab.typed_config import flatten
 
 STAGE = "spam-finetune"
@@ -124,8 +123,7 @@ def run(params: Params) -> None:
         metrics, counts = _metrics_and_counts(initial, final, result, trainable)
         _write_and_log_scores(stage.tracker, initial, result.epochs, final, data["test"], predictions["test"])
         metadata = _model_metadata(cfg, data["train"].max_length, base_metadata, trainable, metrics)
-        losses = pd.DataFrame(result.history, columns=LOSS_COLUMNS)
-        reports = Reports(REPORT_DIR, metrics, counts, losses)
+        reports = Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS))
         stage.publish(
             model,
             SPAM_MODEL,
@@ -278,6 +276,8 @@ def _write_and_log_scores(
     test_predictions: Predictions,
 ) -> None:
     """Chapter 6's own reports: the accuracy curve, the test predictions, the confusion matrices."""
+    import pandas as pd  # at the end of the run, not with the stage
+
     # Epoch 0 is the fresh head, before any training step.
     start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
     curve = pd.DataFrame([start, *epochs], columns=["epoch", "train_accuracy", "val_accuracy"])

@@ -19,7 +19,6 @@ import numpy as np
 import tiktoken
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -216,6 +215,9 @@ def classification_metrics(
     (scikit-learn's layout: rows actual, columns predicted, every class listed
     even when absent from this sample).
     """
+    # Imported here, at the end of a spam run: scikit-learn takes over a second to load.
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
     precision, recall, f1, _ = precision_recall_fscore_support(
         actual, predicted, labels=[positive], average=None, zero_division=0.0
     )

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from huggingface_hub import constants, hf_hub_download, hf_hub_url
-from huggingface_hub.errors import LocalEntryNotFoundError
-
 from gptlab.config import HFWeights
 from gptlab.fetch import MIRROR_ENV, Fetched, FetchError, fetch_local, sha256_file
 
@@ -27,6 +24,9 @@ CANONICAL_ENDPOINT = "https://huggingface.co"
 
 def weights_url(pin: HFWeights) -> str:
     """The canonical Hugging Face URL of a pinned weights file, at its pinned revision."""
+    # The hub client is imported where it is used: `gpt2.source: pretrain` never loads it.
+    from huggingface_hub import hf_hub_url
+
     return hf_hub_url(pin.repo_id, pin.filename, revision=pin.revision, endpoint=CANONICAL_ENDPOINT)
 
 
@@ -61,6 +61,9 @@ def hub_file(pin: HFWeights, key: str, elsewhere: str) -> Path:
 
     Every failure is one line: what went wrong, then the network, HF_ENDPOINT and `elsewhere`.
     """
+    from huggingface_hub import constants, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
     url = hf_hub_url(pin.repo_id, pin.filename, revision=pin.revision)  # at HF_ENDPOINT, as downloaded
     try:
         path = Path(hf_hub_download(pin.repo_id, pin.filename, revision=pin.revision))

@@ -18,12 +18,13 @@ import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from mlflow.entities import Dataset, DatasetInput, InputTag
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+
+if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.imported_mlflow says why)
+    from mlflow.entities import DatasetInput
+    from mlflow.tracking import MlflowClient
 
 # The commit (and dirty flag) runs are tagged with when the code runs outside its own checkout,
 # e.g. `gptlab smoke` in its throwaway workspace: the project's real commit.
@@ -104,6 +105,8 @@ def dataset_input(
     The digest is what DVC writes to dvc.lock for the path (see `dvc_md5`), computed here
     because dvc.lock's entry for a stage's dependency is only updated after the stage has run.
     """
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
     path = Path(path)
     dataset = Dataset(
         name=name,

@@ -1,12 +1,18 @@
-"""Figures of training runs, built on matplotlib's object API (no pyplot global state)."""
+"""Figures of training runs, built on matplotlib's object API (no pyplot global state).
+
+matplotlib (and scikit-learn) are imported by the functions that draw: a stage plots at its
+end, and its start-up need not load them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plot_losses(
@@ -20,6 +26,9 @@ def plot_losses(
     `history` rows carry step (0-based optimizer step), `seen_key`, train_loss
     and val_loss, as gptlab.train.fit records them.
     """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     assert steps_per_epoch > 0, "steps_per_epoch must be positive"
     epochs = [(row["step"] + 1) / steps_per_epoch for row in history]
     seen = [row[seen_key] for row in history]
@@ -44,7 +53,7 @@ def plot_losses(
 
 def plot_confusion_matrix(matrix: list[list[int]], labels: Sequence[str], title: str) -> Figure:
     """A confusion matrix with counts in each cell: rows are actual, columns predicted."""
-    # Imported here: scikit-learn costs ~2 s of start-up to every stage that plots only losses.
+    from matplotlib.figure import Figure
     from sklearn.metrics import ConfusionMatrixDisplay
 
     figure = Figure(figsize=(4.5, 4))

@@ -15,11 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import mlflow
-from mlflow.tracking import MlflowClient
-
 from gptlab.errors import GptlabError
-from gptlab.tracking import StageRun, check_reachable, tracking_uri
+from gptlab.tracking import StageRun, check_reachable, imported_mlflow, tracking_uri
 
 # Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.pyfunc_models).
 MODEL_KINDS: dict[str, tuple[str, str]] = {
@@ -58,6 +55,7 @@ def log_model(
         return None
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.pyfunc_models")
+    mlflow = imported_mlflow()
     from mlflow.models import Model
 
     vocab_bpe, encoder_json = bpe_files
@@ -82,7 +80,7 @@ def log_model(
         tags={"gptlab.kind": kind},
     )
     version = info.registered_model_version
-    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
     client.update_model_version(name, version, description=version_description(kind, run, headline))
     run.set_tags({"gptlab.model_uri": info.model_uri, "gptlab.registered_model": f"{name}/{version}"})
     print(f"logged model {info.model_uri}, registered as models:/{name}/{version}")
@@ -109,6 +107,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
     reads), `vocab_bpe` and `encoder_json` (GPT-2's BPE files); and the defaults of the
     params in its signature (max_new_tokens, ...).
     """
+    mlflow = imported_mlflow()
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
@@ -139,11 +138,12 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
 
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:
     """Point `alias` of registered model `name` at `version`; returns the models:/NAME@ALIAS URI."""
+    mlflow = imported_mlflow()
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()
     check_reachable(store)
-    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     try:
         client.get_model_version(name, version)
     except MlflowException:

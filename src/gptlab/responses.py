@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import tiktoken
 import torch
-from rouge_score import rouge_scorer
 from tqdm import tqdm
 
 from gptlab.datasets.instruct import RESPONSE_HEADER, format_input
@@ -176,6 +175,9 @@ def _answer_batch(model: GPTModel, prompts: list[list[int]], rooms: list[int]) -
 
 def rouge_l(references: Iterable[str], responses: Iterable[str]) -> list[float]:
     """ROUGE-L F1 of each response against its reference (words Porter-stemmed, so 'runs' matches 'running')."""
+    # Imported here, after the answers are generated: rouge_score loads nltk, scipy and scikit-learn (~1 s).
+    from rouge_score import rouge_scorer
+
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     return [
         scorer.score(reference, response)["rougeL"].fmeasure

@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from gptlab.config import PARAMS_FILE, Params, load_params
+from gptlab.distributed import is_main
 from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
 
 
@@ -79,8 +80,6 @@ def stage_main(
     run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
 ) -> None:
     args = stage_parser(description).parse_args(argv)
-    from gptlab.distributed import is_main  # torch: not before the arguments were read
-
     if not is_main():  # another torchrun process: rank 0 speaks for all of them
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:

@@ -14,7 +14,9 @@ every RETRY_S seconds); a stage whose logging is still unsent at its end waits
 GPTLAB_TRACKING_TIMEOUT seconds for the server, then fails in one line naming
 the URI (a training stage keeps its resume folder, so its rerun trains nothing again).
 With lineage.py, registry.py (logged models) and pyfunc_models.py / pyfunc_model_code.py
-(the models MLflow serves), the only modules that import mlflow.
+(the models MLflow serves), the only modules that import mlflow. The first three import it
+where it is used, not at their top (`imported_mlflow` says why); pyfunc_models is loaded by
+name, only when a model is logged or served.
 """
 
 from __future__ import annotations
@@ -31,18 +33,17 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec
-
-import mlflow
-import requests
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from gptlab import lineage
 from gptlab.distributed import is_main
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.files import process_alive
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 DEFAULT_DB = "mlflow.db"
 # Seconds to wait for a tracking server to answer: before a stage starts, and for its unsent logging at its end.
@@ -64,10 +65,22 @@ _MAX_TAGS = 100
 
 _P = ParamSpec("_P")
 
-# MLflow's INFO lines (system metrics monitor started and stopped, input example validated) bury
-# a stage's own output: warnings only, unless `gptlab -v` or GPTLAB_VERBOSE=1 asks for them.
-if not os.environ.get(VERBOSE_ENV):
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+def imported_mlflow() -> ModuleType:
+    """mlflow, imported at its first use rather than with this module, its INFO lines quieted.
+
+    `import mlflow` takes over a second (its __init__ loads mlflow.genai, mlflow.artifacts,
+    mlflow.models and pandas, whichever part is used) that `--help`, a bad params file, and the
+    torchrun processes that log nothing need not wait for. MLflow's INFO lines (system metrics
+    monitor started and stopped, input example validated) bury a stage's own output: warnings
+    only, unless `gptlab -v` or GPTLAB_VERBOSE=1 asks for them. MLflow sets its logger's level
+    as it is imported, so the level is set after.
+    """
+    import mlflow
+
+    if not os.environ.get(VERBOSE_ENV):
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return mlflow
 
 
 # The MLflow UI draws each `/` prefix of a metric's name as a section of charts, sections sorted
@@ -112,6 +125,8 @@ def _snapshot(value: Any) -> Any:
 
 def server_lost(exc: BaseException) -> bool:
     """Whether `exc` says the tracking server did not answer (MLflow wraps requests' errors, unchained)."""
+    import requests  # loaded by mlflow, which raised `exc`
+
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, requests.exceptions.RequestException):
@@ -201,6 +216,8 @@ class StageRun:
 
     @_live
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
         for i in range(0, len(entries), _MAX_METRICS):
@@ -209,6 +226,8 @@ class StageRun:
     @_live
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
         """Log curves (train_loss, val_loss, lr ... per step) under curves/, in as few calls as possible."""
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         entries = [
             Metric(f"{CURVES}/{k}", float(v), now, int(row[step_key]))
@@ -221,12 +240,16 @@ class StageRun:
 
     @_live
     def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
         entries = [Param(k, _param_value(v)) for k, v in params.items()]
         for i in range(0, len(entries), _MAX_PARAMS):
             self.client.log_batch(self.run_id, params=entries[i : i + _MAX_PARAMS])
 
     @_live
     def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
         entries = [RunTag(k, str(v)) for k, v in tags.items()]
         for i in range(0, len(entries), _MAX_TAGS):
             self.client.log_batch(self.run_id, tags=entries[i : i + _MAX_TAGS])
@@ -312,8 +335,9 @@ def stage_run(
     # Bounded retries: a server that stops answering mid-run fails the stage in seconds, not minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    mlflow = imported_mlflow()
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(client, experiment)
     _close_dead_runs(client, experiment_id, stage)
     tags = lineage.run_tags(stage, params)
@@ -346,7 +370,7 @@ def _end_run(run: StageRun, status: str) -> None:
     """End the active run. On a lost server it ends here only (its rerun marks it KILLED there),
     and a run that would have FINISHED fails the stage."""
     try:
-        mlflow.end_run(status=status)
+        imported_mlflow().end_run(status=status)
     except Exception as exc:
         if not server_lost(exc):
             raise
@@ -439,11 +463,13 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
     """
     existing = client.get_experiment_by_name(name)
     if existing is None:
+        from mlflow.exceptions import MlflowException
+
         try:
             return client.create_experiment(
                 name, artifact_location=_artifact_location(), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
             )
-        except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel stage
+        except MlflowException:  # created meanwhile by a parallel stage
             existing = client.get_experiment_by_name(name)
             assert existing is not None, f"experiment {name!r} could neither be created nor found"
     if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
@@ -472,7 +498,7 @@ def prepare_store(experiments: list[str]) -> None:
     """
     uri = tracking_uri()
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = imported_mlflow().MlflowClient(tracking_uri=uri)
     for name in experiments:
         _experiment_id(client, name)
 
@@ -482,7 +508,7 @@ def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict
 
     Each: its run id, status and `wall_seconds` (the training loop's time), keyed by variant.
     """
-    client = MlflowClient(tracking_uri=tracking_uri())
+    client = imported_mlflow().MlflowClient(tracking_uri=tracking_uri())
     ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
     if not ids:
         return {}

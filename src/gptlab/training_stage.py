@@ -13,9 +13,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -31,6 +30,9 @@ from gptlab.timing import LapClock
 from gptlab.tracking import StageRun, section, stage_run
 from gptlab.train import TrainResult, fit
 from gptlab.typed_config import flatten
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,17 @@ class Reports:
     folder: Path
     metrics: Mapping[str, Any]  # DVC metrics; logged to MLflow at the last step (initial_* were at step 0)
     counts: Mapping[str, Any]  # counts.json; their scalars also as gptlab.<name> tags
-    losses: pd.DataFrame  # losses.csv, a DVC plot
+    losses: pd.DataFrame  # losses.csv, a DVC plot (`loss_table`)
+
+
+def loss_table(history: list[dict[str, float]], columns: list[str]) -> pd.DataFrame:
+    """losses.csv: the loop's evaluation rows in `columns`' order.
+
+    pandas is imported here, at the end of a run, not with the stage (a few tenths of a second).
+    """
+    import pandas as pd
+
+    return pd.DataFrame(history, columns=columns)
 
 
 @dataclass

@@ -33,15 +33,13 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlflow.tracking import MlflowClient
-
     from gptlab.config import load_params
-    from gptlab.tracking import check_reachable, tracking_uri
+    from gptlab.tracking import check_reachable, imported_mlflow, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()
     check_reachable(store)
-    found = MlflowClient(tracking_uri=store).get_experiment_by_name(name)
+    found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
     remote = store.startswith(("http://", "https://"))
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)

@@ -4,16 +4,16 @@ Preparation: read with pandas (tab-separated, default quoting: 4,825 ham and
 747 spam), undersample ham to the spam count, shuffle, split 70/10/20, encode,
 and pad every message with <|endoftext|> to the longest training message;
 validation and test messages are truncated to that same length.
+pandas is imported by the functions that read and write frames, not with the module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import tiktoken
 import torch
 from torch.utils.data import Dataset
@@ -22,6 +22,9 @@ from gptlab.datasets import load_token_ids
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.tokenizer import END_OF_TEXT_ID
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUBDIR = "spam"
 SPLITS = ("train", "val", "test")
@@ -42,6 +45,8 @@ class SpamSplits:
 
 def read_collection(path: Path | str) -> pd.DataFrame:
     """The raw collection as the book reads it: columns Label ("ham"/"spam") and Text."""
+    import pandas as pd
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `dvc repro download` (or set GPTLAB_MIRROR)")
@@ -63,6 +68,8 @@ def balance_and_split(
     `max_rows` keeps only the first rows of each split, for smoke runs. The fractions and
     `max_rows` come checked by the params schema (`config.SpamSplit`).
     """
+    import pandas as pd
+
     spam = df[df["Label"] == "spam"]
     ham_subset = df[df["Label"] == "ham"].sample(len(spam), random_state=seed)
     balanced = pd.concat([ham_subset, spam])
@@ -108,6 +115,8 @@ def save_split(processed_dir: Path | str, split: str, frame: pd.DataFrame, ids: 
 
 
 def read_split_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     # keep_default_na=False: a message reading "NA" or "null" stays text, not a missing value.
     return pd.read_csv(path, dtype={"text": str, "label": np.int64}, keep_default_na=False)
 
