@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,25 @@ def test_fit_with_the_fast_settings_trains(tmp_path: Path) -> None:
     _, result = run_fit(tmp_path, cfg, loss_fn=chunked_next_token_loss)
     assert result.steps == 4
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+@pytest.mark.parametrize("named", [None, "own-cache"])
+def test_compiled_code_is_cached_in_the_project_unless_the_user_names_a_folder(
+    tmp_path: Path, named: str | None
+) -> None:
+    """In a fresh process, as a stage starts: inductor's default folder in /tmp is not kept."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if named is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / named)
+    code = (
+        "import os; from gptlab.compilation import CompiledOrEager; "
+        "CompiledOrEager(lambda model, batch: None); print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    expected = tmp_path / named if named is not None else (tmp_path / COMPILE_CACHE).resolve()
+    assert shown.stdout.strip() == str(expected)
 
 
 def test_a_compile_that_fails_trains_eager_after_one_line(

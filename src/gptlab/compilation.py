@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.exc import TorchDynamoException
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from tqdm.auto import tqdm
 
 from gptlab.losses import LossFn
@@ -23,11 +24,22 @@ from gptlab.losses import LossFn
 COMPILE_CACHE = Path(".gptlab") / "compile-cache"
 
 
+def use_project_compile_cache() -> None:
+    """Point inductor's caches at COMPILE_CACHE, unless the user named a folder of their own.
+
+    Importing torch._dynamo already set TORCHINDUCTOR_CACHE_DIR to inductor's default
+    (a folder in /tmp, gone at the next reboot), so that value counts as not set.
+    """
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is None or os.path.abspath(named) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_CACHE.resolve())
+
+
 class CompiledOrEager:
     """`loss_fn` compiled on first call; eager from then on if the compile fails."""
 
     def __init__(self, loss_fn: LossFn) -> None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
+        use_project_compile_cache()
         self.eager = loss_fn
         self.compiled: LossFn | None = torch.compile(loss_fn)
 
