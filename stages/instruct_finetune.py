@@ -21,6 +21,7 @@ from gptlab.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
+import copy
 import dataclasses
 import functools
 import json
@@ -53,7 +54,7 @@ from gptlab.losses import dataset_loss
 from gptlab.model import GPTModel
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
 from gptlab.responses import answer_room, generate_responses, prompt_ids, rouge_l
-from gptlab.runtime import autocast
+from gptlab.runtime import inference_dtype
 from gptlab.tokenizer import gpt2_tokenizer
 from gptlab.tracking import StageRun
 from gptlab.train import TrainResult, require_one_batch
@@ -145,7 +146,7 @@ def _answer_and_score(
     """Full validation and test losses, greedy answers to the test set, ROUGE-L and the judge's scores."""
     model.eval()
     device = next(model.parameters()).device
-    # The precision training used also serves evaluation and answering (bf16 is ~2x faster on CPU).
+    # The precision training used also serves the losses; the answers use instruct.generate.precision.
     metrics: dict[str, Any] = {
         f"{split}_loss": _finite(
             dataset_loss(
@@ -159,14 +160,17 @@ def _answer_and_score(
         for split in ("val", "test")
     }
     _warn_of_capped_answers(tokenizer, test_records, cfg, model.cfg.context_length)
-    with autocast(device, cfg.train.precision):
-        responses = generate_responses(
-            model,
-            tokenizer,
-            test_records,
-            max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.generate.batch_size,
-        )
+    answer_dtype = inference_dtype(device, cfg.generate.precision)
+    # A bf16 copy answers: the model itself stays fp32, as it is saved.
+    answering = model if answer_dtype == torch.float32 else copy.deepcopy(model).to(answer_dtype)
+    responses = generate_responses(
+        answering,
+        tokenizer,
+        test_records,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.generate.batch_size,
+    )
+    del answering
     rouge = rouge_l([r["output"] for r in responses], [r["model_response"] for r in responses])
     for record, score in zip(responses, rouge, strict=True):
         record["rougeL_f1"] = score

@@ -21,9 +21,10 @@ from gptlab.chunked_loss import (
     linear_cross_entropy,
 )
 from gptlab.compilation import COMPILE_CACHE
+from gptlab.dropout import Dropout, dropout, keep_mask
 from gptlab.generate import generate
 from gptlab.losses import IGNORE_INDEX, next_token_loss
-from gptlab.model import GPTModel
+from gptlab.model import GPTModel, MultiHeadAttention
 from gptlab.runtime import bf16_is_fast, resolve_precision
 from tests.test_train import TRAIN, run_fit
 
@@ -244,3 +245,59 @@ def test_fit_compiled_matches_the_eager_run(tmp_path: Path, monkeypatch: pytest.
     torch._dynamo.reset()
     assert any((tmp_path / COMPILE_CACHE).rglob("*")), "nothing in the compile cache"
     assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == (tmp_path / COMPILE_CACHE).resolve()
+
+
+def test_keep_mask_keeps_one_minus_p_of_the_elements_from_the_seeded_generator() -> None:
+    torch.manual_seed(5)
+    mask = keep_mask(torch.Size([1000, 1000]), 0.1)
+    assert mask.dtype == torch.bool and mask.shape == (1000, 1000)
+    # 1e6 draws: the kept share's standard deviation is 3e-4; p is 6554 / 2^16 = 0.100006.
+    assert float(mask.float().mean()) == pytest.approx(1 - 6554 / 2**16, abs=2e-3)
+    # Independent along both axes: no row or column stands out.
+    assert float(mask.float().mean(0).std()) == pytest.approx(0.3 / 1000**0.5, rel=0.2)
+    assert float(mask.float().mean(1).std()) == pytest.approx(0.3 / 1000**0.5, rel=0.2)
+    torch.manual_seed(5)
+    assert torch.equal(keep_mask(torch.Size([1000, 1000]), 0.1), mask)
+    assert not torch.equal(keep_mask(torch.Size([1000, 1000]), 0.1), mask)
+    assert float(keep_mask(torch.Size([7, 3]), 0.5).float().mean()) < 1  # an odd count, p = 1/2
+
+
+def test_dropout_zeroes_the_dropped_scales_the_kept_and_passes_their_gradients() -> None:
+    x = torch.randn(64, 33, requires_grad=True)
+    torch.manual_seed(1)
+    y = dropout(x, 0.25, training=True)
+    torch.manual_seed(1)
+    keep = keep_mask(x.shape, 0.25)
+    torch.testing.assert_close(y, torch.where(keep, x / 0.75, 0), rtol=1e-6, atol=0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, keep / 0.75)
+    assert dropout(x, 0.25, training=False) is x
+    torch.testing.assert_close(Dropout(0.25).eval()(x), x)
+
+
+def test_fused_attention_in_training_drops_its_weights_with_keep_mask() -> None:
+    """SDPA's internal mask is bernoulli_'s: in training on the CPU the fused model uses keep_mask's."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(
+        32, 32, dropout=0.2, num_heads=4, attention="sdpa", kernels="fused"
+    ).train()
+    x = torch.randn(2, 9, 32)
+    torch.manual_seed(3)
+    out = attention(x)
+    torch.manual_seed(3)
+    q, k, v = (
+        p(x).view(2, 9, 4, 8).transpose(1, 2) for p in (attention.W_query, attention.W_key, attention.W_value)
+    )
+    scores = (q @ k.transpose(2, 3)).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), -torch.inf)
+    weights = torch.softmax(scores / 8**0.5, dim=-1) * keep_mask(scores.shape, 0.2) / 0.8
+    expected = attention.out_proj((weights @ v).transpose(1, 2).reshape(2, 9, 32))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():  # in eval mode: SDPA without dropout, the masked softmax's result
+        torch.testing.assert_close(
+            attention.eval()(x),
+            attention.out_proj(
+                (torch.softmax(scores / 8**0.5, dim=-1) @ v).transpose(1, 2).reshape(2, 9, 32)
+            ),
+            atol=1e-6,
+            rtol=1e-5,
+        )

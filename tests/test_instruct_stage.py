@@ -361,3 +361,29 @@ def test_lora_stage_trains_adapters_and_saves_a_plain_model_chat_and_export_read
     (mlflow_run,) = stage_runs("gptlab")
     assert mlflow_run.data.tags["gptlab.trainable_params"] == str(expected)
     assert mlflow_run.data.params["instruct.trainable"] == "lora"
+
+
+@pytest.mark.slow
+def test_answers_with_bf16_weights_come_from_a_bf16_copy_and_the_saved_model_stays_fp32(
+    project: Path,
+) -> None:
+    """instruct.generate.precision bf16: the answers are a bf16 copy's; the checkpoint keeps fp32 weights."""
+    import torch
+
+    from gptlab.responses import generate_responses
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["tracking"].update(system_metrics=False, log_models=False)
+    params["instruct"]["generate"].update(precision="bf16", batch_size=2)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    run(load_params())
+
+    model, _ = load_model(project / "models" / "instruct")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    answered = json.loads((project / "reports" / "instruct" / "responses.json").read_text())
+    records = [{k: r[k] for k in ("instruction", "input", "output")} for r in answered]
+    tokenizer = load_tokenizer(Path(load_params().data.raw_dir))
+    bf16 = model.to(torch.bfloat16)
+    expected = generate_responses(bf16, tokenizer, records, max_new_tokens=MAX_NEW_TOKENS, batch_size=2)
+    assert [r["model_response"] for r in answered] == [r["model_response"] for r in expected]

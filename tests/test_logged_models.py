@@ -326,3 +326,32 @@ def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_re
     assert status == 400 and reply["error_code"] == "INVALID_PARAMETER_VALUE"
     assert "stack_trace" not in reply and "Traceback" not in reply["message"]
     assert reply["message"].splitlines()[-1] == "Error: message 2 is empty: give some text to classify"
+
+
+def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refused(
+    tmp_path: Path, shared_data: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow.pyfunc
+
+    from gptlab.responses import generate_response
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_language_model(tmp_path / "lm")
+    with stage_run("instruct-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "instruct", tmp_path / "lm", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
+
+    monkeypatch.setenv("GPTLAB_PRECISION", "bf16")
+    answers = load_in_clean_process(uri, records, tmp_path, {"max_new_tokens": 5})
+    bf16 = model.to(torch.bfloat16)
+    expected = [
+        generate_response(bf16, tokenizer, {"instruction": i, "input": x}, max_new_tokens=5)
+        for i, x in zip(records["instruction"], records["input"], strict=True)
+    ]
+    assert answers["response"] == expected
+
+    monkeypatch.setenv("GPTLAB_PRECISION", "fp16")
+    with pytest.raises(Exception, match=r"\$GPTLAB_PRECISION: expected one of fp32, bf16, auto, got 'fp16'"):
+        mlflow.pyfunc.load_model(uri)

@@ -50,7 +50,8 @@ class ModelConfig:
     # How attention is computed; same maths, different speed (see benchmarks/).
     attention: Literal["sdpa", "masked_softmax"] = "sdpa"
     # book: the book's LayerNorm, GELU and three Q/K/V matmuls; fused: torch's layer norm and
-    # tanh-GELU kernels and one Q/K/V matmul (same maths to ~1e-6, same parameter names).
+    # tanh-GELU kernels, one Q/K/V matmul and cheaper dropout masks on the CPU (same maths to
+    # ~1e-6, other random draws, same parameter names).
     kernels: Literal["book", "fused"] = "book"
     # None: the language-model head over the vocabulary (no bias). An integer: a
     # classification head with that many outputs (with bias), as in chapter 6.

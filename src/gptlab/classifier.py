@@ -196,7 +196,7 @@ def classify_texts(
         pad_ids(encode_texts(list(texts), tokenizer), max_length).astype(np.int64)
     )  # (n, max_length)
     probs = [
-        torch.softmax(class_logits(model, chunk.to(device), pooling), dim=-1).cpu()
+        torch.softmax(class_logits(model, chunk.to(device), pooling).float(), dim=-1).cpu()
         for chunk in ids.split(batch_size)
     ]
     return torch.cat(probs).numpy() if probs else np.empty((0, model.cfg.num_classes), dtype=np.float32)

@@ -145,7 +145,9 @@ def next_token_probabilities(
     """What `generate` samples from (temperature > 0): softmax((logits, top-k / top-p filtered) / temperature).
 
     logits (b, vocab) or (vocab,); tokens outside the top k get probability 0 (section 5.3.2).
+    Computed in fp32 whatever the logits' dtype (bf16 weights give bf16 logits).
     """
+    logits = logits.float()
     if top_k is not None:
         top_logits, _ = torch.topk(logits, min(top_k, logits.shape[-1]))
         min_val = top_logits[..., -1:]  # the k-th largest of each row

@@ -5,8 +5,9 @@ a freshly built model holds exactly the book's random weights. The only
 additions are a KV cache for fast generation, a choice of attention kernel
 (`scaled_dot_product_attention` or the book's masked softmax; same maths) and
 of the other kernels (`kernels: fused`: torch's layer norm and tanh-GELU, one
-matmul for the queries, keys and values, and decoding steps against weights laid
-out (in, out); same maths and parameter names). No I/O here: checkpoints live in
+matmul for the queries, keys and values, decoding steps against weights laid
+out (in, out), and dropout masks drawn 16 bits an element; same maths and
+parameter names). No I/O here: checkpoints live in
 checkpoint.py.
 """
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.architecture import ModelConfig
+from gptlab.dropout import Dropout, dropout_class, uses_keep_mask
 
 # Rows up to which a CPU matmul is a decoding step: one token per sequence, a batch of one or two.
 DECODE_ROWS = 2
@@ -225,7 +227,7 @@ class MultiHeadAttention(nn.Module):
         self.W_key = linear(d_in, d_out, bias=qkv_bias)
         self.W_value = linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_class(kernels)(dropout)
         self.decode_qkv = DecodeWeight()
 
     def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
@@ -270,6 +272,10 @@ class MultiHeadAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None
     ) -> torch.Tensor:
         dropout_p = self.dropout.p if self.training else 0.0
+        if isinstance(self.dropout, Dropout) and uses_keep_mask(q, dropout_p, self.training):
+            # On the CPU, SDPA with dropout computes these same steps (its math path), its mask by
+            # torch's element-at-a-time bernoulli_; the masked softmax draws it with keep_mask.
+            return self._masked_softmax(q, k, v, allowed)
         if allowed is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         # One query (a decoding step) sees every key: no mask at all.
@@ -310,7 +316,7 @@ class TransformerBlock(nn.Module):
         self.ff = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
         self.norm2 = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
-        self.drop_shortcut = nn.Dropout(cfg.drop_rate)
+        self.drop_shortcut = dropout_class(cfg.kernels)(cfg.drop_rate)
 
     def forward(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
         # Pre-norm: normalise, transform, drop, then add the shortcut.
@@ -329,7 +335,7 @@ class GPTModel(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
-        self.drop_emb = nn.Dropout(cfg.drop_rate)
+        self.drop_emb = dropout_class(cfg.kernels)(cfg.drop_rate)
         self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.final_norm = LayerNorm(cfg.emb_dim, kernels=cfg.kernels)
         linear = linear_class(cfg.kernels)

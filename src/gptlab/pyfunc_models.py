@@ -24,7 +24,8 @@ input example:
   and converted language models (params `max_new_tokens`, `temperature`,
   `top_k` with 0 for none, `seed`).
 
-The model runs on `$GPTLAB_DEVICE` (default `auto`: cuda, then mps, then cpu).
+The model runs on `$GPTLAB_DEVICE` (default `auto`: cuda, then mps, then cpu), with
+fp32 weights, or bf16 ones with `$GPTLAB_PRECISION` bf16 (or auto: bf16 where bf16 is fast).
 An input it cannot answer (an empty message, a missing column) is a `BadModelInput`:
 one line, which `mlflow models serve` sends as a 400 reply without a stack trace.
 """
@@ -50,6 +51,8 @@ VOCAB_BPE = "vocab_bpe"
 ENCODER_JSON = "encoder_json"
 KINDS = ("spam", "instruct", "lm")
 DEVICE_ENV = "GPTLAB_DEVICE"
+PRECISION_ENV = "GPTLAB_PRECISION"
+PRECISIONS = ("fp32", "bf16", "auto")
 # What the gptlab modules a model runs import (pinned to the versions that logged it).
 REQUIREMENTS = (
     "torch",
@@ -71,13 +74,17 @@ class _Checkpoint(mlflow.pyfunc.PythonModel):
         import torch
 
         from gptlab.checkpoint import load_model
-        from gptlab.runtime import resolve_device
+        from gptlab.runtime import inference_dtype, resolve_device
         from gptlab.tokenizer import gpt2_tokenizer
 
         device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
+        precision = os.environ.get(PRECISION_ENV, "fp32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"${PRECISION_ENV}: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
         # Building the model draws its initial weights: leave the caller's random state as it was.
         with torch.random.fork_rng(devices=[]):
             self.model, self.metadata = load_model(context.artifacts[CHECKPOINT], device)
+        self.model.to(inference_dtype(device, precision))
         self.tokenizer = gpt2_tokenizer(context.artifacts[VOCAB_BPE], context.artifacts[ENCODER_JSON])
 
 

@@ -61,6 +61,15 @@ def use_precision(device: torch.device, precision: Precision) -> Literal["fp32",
     return resolve_precision(device, precision)
 
 
+def inference_dtype(device: torch.device, precision: Precision) -> torch.dtype:
+    """The weights' dtype for answering at `precision` (auto: bf16 where bf16 is fast, fp32 elsewhere).
+
+    bf16 weights, not autocast: autocast casts every weight again at every decoding step,
+    which at one token a step is slower than fp32 (see benchmarks/README.md).
+    """
+    return torch.bfloat16 if resolve_precision(device, precision) == "bf16" else torch.float32
+
+
 def autocast(device: torch.device, precision: Precision) -> torch.autocast:
     """The autocast context for `precision`: bf16 mixed precision, or a no-op for fp32."""
     enabled = resolve_precision(device, precision) == "bf16"

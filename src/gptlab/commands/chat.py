@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gptlab.commands.inference_options import add_inference_arguments, load_for_inference
 from gptlab.errors import InputError
 
 if TYPE_CHECKING:
@@ -55,9 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
         "else data.raw_dir of params.yaml)",
     )
-    parser.add_argument(
-        "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
-    )
+    add_inference_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,10 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace, source: ModelSource) -> int:
-    from gptlab.checkpoint import load_model
     from gptlab.config import load_params
     from gptlab.responses import fit_to_context, generate_response
-    from gptlab.runtime import resolve_device
     from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
     model_dir = source.checkpoint
@@ -82,7 +79,7 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
         raise InputError("the instruction is empty: say what the model should do")
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
-    model, metadata = load_model(model_dir, resolve_device(args.device))
+    model, metadata = load_for_inference(model_dir, args)
     if model.cfg.num_classes is not None:
         raise InputError(
             f"{args.model or model_dir} is a classifier, not a language model: point --model at models/instruct"

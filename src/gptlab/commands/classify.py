@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gptlab.commands.inference_options import add_inference_arguments, load_for_inference
 from gptlab.errors import InputError
 
 if TYPE_CHECKING:
@@ -46,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "else data.raw_dir of params.yaml)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="messages per forward pass (default: 8)")
-    parser.add_argument(
-        "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
-    )
+    add_inference_arguments(parser)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per message: label, probability, text"
     )
@@ -65,17 +64,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _classify(args: argparse.Namespace, source: ModelSource) -> int:
-    from gptlab.checkpoint import load_model
     from gptlab.classifier import classify_texts
     from gptlab.config import load_params
-    from gptlab.runtime import resolve_device
     from gptlab.tokenizer import gpt2_tokenizer, load_tokenizer
 
     model_dir = source.checkpoint
     if args.batch_size <= 0:
         raise InputError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     texts = _read_texts(args.texts, args.file)
-    model, metadata = load_model(model_dir, resolve_device(args.device))
+    model, metadata = load_for_inference(model_dir, args)
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
     shown = args.model or model_dir
     if model.cfg.num_classes is None or missing:
