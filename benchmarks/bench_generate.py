@@ -8,7 +8,10 @@ tokens, greedily, in three ways:
   profile's fused kernels: one Q/K/V matmul, decoding steps against (in, out)
   weight copies), and the same with the book's kernels;
 - ours with bf16 weights (an inference precision): the same weights cast to
-  bf16, its tokens compared with transformers' fp32 ones;
+  bf16, its tokens compared with transformers' fp32 ones, and its quality
+  line: on QUALITY_PROMPTS fixed random prompts, in how many the first
+  QUALITY_TOKENS greedy tokens equal the fp32 model's, and the largest logit
+  difference at the prompts' last positions relative to the fp32 logits' spread;
 - transformers: `GPT2LMHeadModel.generate(do_sample=False, use_cache=True)` on
   the same weights (converted by gptlab.hf_gpt2), never stopping at end-of-text;
 - the book: chapter 5's `generate_text_simple`, which reruns the whole sequence
@@ -40,6 +43,7 @@ from gptlab.hf_gpt2 import gptlab_to_hf, hf_config
 from gptlab.model import GPTModel
 
 PROMPT = [6109, 3626, 6100, 345]  # "Every effort moves you"
+QUALITY_PROMPTS, QUALITY_TOKENS = 16, 20
 
 
 def book_generate(model: GPTModel, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -69,11 +73,10 @@ def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
 
 
 def variants(
-    ours: GPTModel, theirs: GPT2LMHeadModel
+    ours: GPTModel, theirs: GPT2LMHeadModel, bf16_weights: GPTModel
 ) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
     book_kernels = GPTModel(dataclasses.replace(ours.cfg, kernels="book")).eval()
     book_kernels.load_state_dict(ours.state_dict())
-    bf16_weights = copy.deepcopy(ours).to(torch.bfloat16)
     return {
         "ours (KV cache)": lambda idx, n: generate(ours, idx, n),
         "ours, book kernels": lambda idx, n: generate(book_kernels, idx, n),
@@ -83,6 +86,26 @@ def variants(
         ),
         "book (no cache)": lambda idx, n: book_generate(ours, idx, n),
     }
+
+
+def bf16_quality(ours: GPTModel, bf16_weights: GPTModel) -> str:
+    """The bf16 weights against fp32 on fixed random prompts: equal greedy tokens, the logits' difference."""
+    prompts = torch.randint(
+        0, ours.cfg.vocab_size, (QUALITY_PROMPTS, 8), generator=torch.Generator().manual_seed(0)
+    )
+    same = 0
+    worst = 0.0
+    for prompt in prompts.split(1):
+        same += torch.equal(
+            generate(ours, prompt, QUALITY_TOKENS), generate(bf16_weights, prompt, QUALITY_TOKENS)
+        )
+        with torch.no_grad():
+            full, half = ours(prompt)[0, -1], bf16_weights(prompt)[0, -1].float()
+        worst = max(worst, float((half - full).abs().max() / full.std()))
+    return (
+        f"bf16 weights against fp32: the first {QUALITY_TOKENS} greedy tokens equal on {same} of "
+        f"{QUALITY_PROMPTS} fixed random prompts; largest logit difference {worst:.3f} of the logits' spread"
+    )
 
 
 def main() -> None:
@@ -106,7 +129,8 @@ def main() -> None:
     )
     cfg = ModelConfig.from_preset("gpt2-small", drop_rate=0.0, qkv_bias=True, attention="sdpa", **dims)
     ours, theirs = build_models(cfg)
-    runs = variants(ours, theirs)
+    bf16_weights = copy.deepcopy(ours).to(torch.bfloat16)
+    runs = variants(ours, theirs, bf16_weights)
     idx = torch.tensor([PROMPT]) % cfg.vocab_size  # (1, 4); --tiny has a small vocabulary
     print(
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; emb {cfg.emb_dim} x {cfg.n_layers} "
@@ -134,6 +158,7 @@ def main() -> None:
         print(
             f"{name:<24} {n:>10} {median:>8.2f} {n / median:>9.1f} {reference / median:>15.2f}x {str(same):>12}"
         )
+    print(bf16_quality(ours, bf16_weights))
 
 
 if __name__ == "__main__":
