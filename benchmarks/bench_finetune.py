@@ -25,7 +25,7 @@ them, the stage's wall time (start-up, the final full-split scores and MLflow lo
 so it grows with the data, not the cap) and the peak RSS of the stage process.
 
     python benchmarks/bench_finetune.py --smoke     # the smoke profile's tiny model and data: a few minutes
-    python benchmarks/bench_finetune.py             # full data, 20 steps, 32-token answers: ~30 min on 2 CPU cores (estimated)
+    python benchmarks/bench_finetune.py             # full data, 20 steps, 32-token answers: 24 min on 2 quiet CPU cores (Zen 4)
     python benchmarks/bench_finetune.py --stages instruct-finetune --max-steps 10 --rounds 3
 """
 

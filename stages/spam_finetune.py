@@ -75,7 +75,9 @@ def run(params: Params) -> None:
     }
 
     def eval_accuracy(split: str, trained: nn.Module, num_batches: int = cfg.train.eval_iter) -> float:
-        return accuracy(trained, score_loaders[split], cfg.pooling, num_batches=num_batches)
+        return accuracy(
+            trained, score_loaders[split], cfg.pooling, num_batches=num_batches, precision=cfg.train.precision
+        )
 
     with training_run(
         STAGE,
@@ -198,7 +200,9 @@ def _final_scores(
     """Predictions and scores over the full splits, as the book's last evaluation."""
     batch_size = cfg.train.eval_batch_size or cfg.train.batch_size
     predictions = {
-        split: predict(model, ordered_loader(dataset, batch_size), cfg.pooling, desc=split)
+        split: predict(
+            model, ordered_loader(dataset, batch_size), cfg.pooling, desc=split, precision=cfg.train.precision
+        )
         for split, dataset in data.items()
     }
     final = {

@@ -176,6 +176,22 @@ def test_predict_returns_labels_predictions_and_probabilities() -> None:
     assert (actual != predicted).sum() == 2 and (actual[[0, 3]] != predicted[[0, 3]]).all()
 
 
+def test_bf16_scores_are_autocasts_and_close_to_fp32() -> None:
+    """precision bf16 (the fast profile's train.precision where bf16 is fast): scored under autocast."""
+    model = tiny_classifier().eval()
+    loader = _loader_with_known_accuracy(model, 12, wrong=[2])
+    _, _, full = predict(model, loader)
+    actual, predicted, half = predict(model, loader, precision="bf16")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = torch.cat([class_logits(model, ids) for ids, _ in loader])
+    np.testing.assert_allclose(half, torch.softmax(logits.float(), dim=-1).numpy(), rtol=0, atol=1e-6)
+    assert half.dtype == np.float32 and not np.array_equal(half, full)  # other rounding...
+    np.testing.assert_allclose(half, full, rtol=0, atol=0.02)  # ...close to fp32's
+    expected = float((logits.argmax(dim=-1).numpy() == actual).mean())
+    assert accuracy(model, loader, precision="bf16") == pytest.approx(expected)
+    assert (predicted == half.argmax(axis=1)).all()
+
+
 def test_metrics_agree_with_scikit_learn_and_hand_counts() -> None:
     # 4 spam (1) then 6 ham (0): 3 spam caught, 1 missed, 2 ham flagged as spam.
     actual = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]

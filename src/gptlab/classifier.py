@@ -26,6 +26,7 @@ from gptlab.config import Pooling, Trainable
 from gptlab.datasets.spam import LABELS, encode_texts, pad_ids
 from gptlab.errors import InputError
 from gptlab.model import GPTModel
+from gptlab.runtime import Precision, autocast
 from gptlab.tokenizer import END_OF_TEXT_ID
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -141,11 +142,16 @@ def _device(model: nn.Module) -> torch.device:
 
 @torch.inference_mode()
 def accuracy(
-    model: nn.Module, loader: Iterable[Batch], pooling: Pooling = "last", num_batches: int | None = None
+    model: nn.Module,
+    loader: Iterable[Batch],
+    pooling: Pooling = "last",
+    num_batches: int | None = None,
+    precision: Precision = "fp32",
 ) -> float:
     """Share of correct predictions over the first `num_batches` batches (the book's calc_accuracy_loader).
 
     nan when there is nothing to score. The model's train/eval mode is restored afterwards.
+    `precision` is the training's (`train.precision`): bf16 autocast scores ~2x faster where bf16 is fast.
     """
     was_training = model.training
     model.eval()
@@ -154,7 +160,8 @@ def accuracy(
     for i, (input_ids, labels) in enumerate(loader):
         if num_batches is not None and i >= num_batches:
             break
-        predicted = class_logits(model, input_ids.to(device), pooling).argmax(dim=-1)
+        with autocast(device, precision):
+            predicted = class_logits(model, input_ids.to(device), pooling).argmax(dim=-1)
         correct += int((predicted == labels.to(device)).sum())
         seen += len(labels)
     model.train(was_training)
@@ -163,16 +170,24 @@ def accuracy(
 
 @torch.inference_mode()
 def predict(
-    model: nn.Module, loader: Iterable[Batch], pooling: Pooling = "last", desc: str = "predict"
+    model: nn.Module,
+    loader: Iterable[Batch],
+    pooling: Pooling = "last",
+    desc: str = "predict",
+    precision: Precision = "fp32",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Actual labels, predicted labels and class probabilities (n, num_classes) over a whole loader."""
+    """Actual labels, predicted labels and class probabilities (n, num_classes) over a whole loader.
+
+    `precision` as in `accuracy`; the probabilities are computed in fp32 either way.
+    """
     was_training = model.training
     model.eval()
     device = _device(model)
     actual, probs = [], []
     for input_ids, labels in tqdm(loader, desc=desc, leave=False):
-        logits = class_logits(model, input_ids.to(device), pooling)
-        probs.append(torch.softmax(logits, dim=-1).cpu())
+        with autocast(device, precision):
+            logits = class_logits(model, input_ids.to(device), pooling)
+        probs.append(torch.softmax(logits.float(), dim=-1).cpu())
         actual.append(labels.cpu())
     model.train(was_training)
     probabilities = torch.cat(probs).numpy()
