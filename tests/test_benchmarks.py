@@ -66,6 +66,8 @@ def test_bench_generate_tiny_prints_every_variant_with_the_same_tokens() -> None
     # greedy fp32 tokens equal transformers' (bf16 weights may round onto other tokens)
     assert all(row[-1] == "True" for row in rows if "bf16" not in row[0]), result.stdout
     assert all(float(row[3]) > 0 for row in rows)
-    quality = re.search(r"tokens equal on (\d+) of 16 fixed random prompts; largest logit difference ([\d.]+)", result.stdout)
+    quality = re.search(
+        r"tokens equal on (\d+) of 16 fixed random prompts; largest logit difference ([\d.]+)", result.stdout
+    )
     assert quality is not None, result.stdout
     assert 0 <= int(quality[1]) <= 16 and 0 < float(quality[2]) < 1
