@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import mlflow.pyfunc
 import pandas as pd
@@ -52,7 +52,6 @@ ENCODER_JSON = "encoder_json"
 KINDS = ("spam", "instruct", "lm")
 DEVICE_ENV = "GPTLAB_DEVICE"
 PRECISION_ENV = "GPTLAB_PRECISION"
-PRECISIONS = ("fp32", "bf16", "auto")
 # What the gptlab modules a model runs import (pinned to the versions that logged it).
 REQUIREMENTS = (
     "torch",
@@ -74,13 +73,14 @@ class _Checkpoint(mlflow.pyfunc.PythonModel):
         import torch
 
         from gptlab.checkpoint import load_model
-        from gptlab.runtime import inference_dtype, resolve_device
+        from gptlab.runtime import Precision, inference_dtype, resolve_device
         from gptlab.tokenizer import gpt2_tokenizer
 
         device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         precision = os.environ.get(PRECISION_ENV, "fp32")
-        if precision not in PRECISIONS:
-            raise ValueError(f"${PRECISION_ENV}: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision not in get_args(Precision):
+            expected = ", ".join(get_args(Precision))
+            raise ValueError(f"${PRECISION_ENV}: expected one of {expected}, got {precision!r}")
         # Building the model draws its initial weights: leave the caller's random state as it was.
         with torch.random.fork_rng(devices=[]):
             self.model, self.metadata = load_model(context.artifacts[CHECKPOINT], device)
