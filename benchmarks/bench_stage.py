@@ -1,12 +1,14 @@
 """The pretrain stage end to end against the book's own chapter 5 loop, on the same data and settings.
 
-Three variants, each a fresh process, rounds interleaved:
+Four variants, each a fresh process, rounds interleaved:
 
 - book: chapter 5's `train_model_simple` written here from the book's text
   (seed 123, GPTModel with the masked-softmax attention, AdamW(lr,
   weight_decay=0.1), an evaluation of eval_iter batches every eval_freq steps,
   a greedy sample with the uncached `generate_text_simple` after each epoch);
   its loop's wall time is the yardstick, as in the issue;
+- book-kept: the same loop in a process that keeps freed memory as the stages
+  do (gptlab.memory), to show how much of a stage's lead that setting is;
 - default: `python stages/pretrain.py` at params.yaml's (book-exact) settings;
 - fast: the same stage with profiles/fast.yaml's overrides.
 
@@ -37,10 +39,11 @@ from typing import Any
 
 import yaml
 
+from gptlab.memory import keep_freed_memory
 from gptlab.smoke import prepare_workspace, source_commit_env
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("book", "default", "fast")
+VARIANTS = ("book", "book-kept", "default", "fast")
 PHASES_PREFIX = "seconds by phase: "
 
 
@@ -92,9 +95,11 @@ def variant_params(project: Path, smoke: bool, epochs: int | None) -> dict[str, 
 
 def run_variant(project: Path, variant: str, params_files: dict[str, Path]) -> dict[str, Any]:
     """Wall seconds of one fresh process running `variant`, and what it reported."""
-    params = params_files["default" if variant == "book" else variant]
-    if variant == "book":
+    book = variant.startswith("book")
+    params = params_files["default" if book else variant]
+    if book:
         command = [sys.executable, str(Path(__file__).resolve()), "--book-loop", str(params)]
+        command += ["--keep-freed-memory"] if variant == "book-kept" else []
     else:
         command = [sys.executable, "stages/pretrain.py", "--params", str(params)]
     started = time.perf_counter()
@@ -103,7 +108,7 @@ def run_variant(project: Path, variant: str, params_files: dict[str, Path]) -> d
     if done.returncode != 0:
         raise RuntimeError(f"{variant} failed:\n{done.stderr[-3000:]}")
     row: dict[str, Any] = {"variant": variant, "process_seconds": wall}
-    if variant == "book":
+    if book:
         row.update(json.loads(done.stdout.strip().splitlines()[-1]))
         row["seconds"] = row["loop_seconds"]  # the yardstick: the book's training loop
     else:
@@ -236,8 +241,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are printed")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--book-loop", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--keep-freed-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.book_loop is not None:  # the book variant's own process
+        if args.keep_freed_memory:
+            keep_freed_memory()
         print(json.dumps(book_loop(args.book_loop)))
         return
 
@@ -250,6 +258,7 @@ def main() -> None:
     print(f"{'variant':<10} {'seconds':>9} {'vs book loop':>13}")
     for row in rows:
         print(f"{row['variant']:<10} {row['seconds']:>9.1f} {row['ratio_to_book']:>12.2f}x")
+    print("book-kept: the book's loop with freed memory kept, as the stages run (gptlab.memory)")
     for row in rows:
         if "phases" in row:
             phases = ", ".join(f"{k.removeprefix('seconds_')} {v:.1f}" for k, v in row["phases"].items())

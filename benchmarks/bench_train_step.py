@@ -15,6 +15,10 @@ AdamW on the same random token ids:
 
 "vs transformers" compares each row with transformers at the row's precision.
 
+The process keeps freed memory as the stages do (gptlab.memory), and that holds
+for every variant, transformers included; `--glibc-malloc` measures them all
+with glibc's defaults instead, as a script that does not set it runs.
+
 Each round runs one step of every variant in turn (so load on a shared
 machine hits them alike); the table shows each variant's median. Before the
 rounds, one untimed step per variant warms up (and compiles, if the fast
@@ -26,6 +30,7 @@ in the same rounds (fp32; bf16 too where bf16 is fast here).
     python benchmarks/bench_train_step.py --tiny       # a seconds-long smoke run
     python benchmarks/bench_train_step.py --device cuda
     python benchmarks/bench_train_step.py --compile    # adds the compiled step (first step: the compile)
+    python benchmarks/bench_train_step.py --glibc-malloc   # every variant with glibc's malloc defaults
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from gptlab.chunked_loss import language_model_loss
 from gptlab.compilation import CompiledOrEager
 from gptlab.config import PARAMS_FILE, TrainConfig, load_params
 from gptlab.losses import next_token_loss
+from gptlab.memory import keep_freed_memory
 from gptlab.model import GPTModel
 from gptlab.profiles import profile_params
 from gptlab.runtime import autocast, bf16_is_fast, use_precision
@@ -260,7 +266,14 @@ def main() -> None:
         "from .gptlab/compile-cache/)",
     )
     parser.add_argument("--peak-tflops", type=float, help="adds MFU against this peak (H200 bf16 dense: 989)")
+    parser.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="leave malloc at glibc's defaults (large blocks unmapped on free) instead of keeping "
+        "freed memory as the stages do",
+    )
     args = parser.parse_args()
+    kept = not args.glibc_malloc and keep_freed_memory()
 
     device = torch.device(args.device)
     default = load_params(PARAMS_FILE).pretrain
@@ -284,7 +297,8 @@ def main() -> None:
     print(
         f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"emb {default_cfg.emb_dim} x {default_cfg.n_layers} layers, batch {args.batch_size} x "
-        f"{default_cfg.context_length} tokens; median of {args.rounds} interleaved rounds"
+        f"{default_cfg.context_length} tokens; median of {args.rounds} interleaved rounds; "
+        f"freed memory {'kept, as the stages do' if kept else 'returned (glibc defaults)'}"
     )
     print(
         f"ours, fast: {FAST_PROFILE} -> attention {fast_cfg.attention}, kernels {fast_cfg.kernels}, "

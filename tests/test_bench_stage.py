@@ -29,8 +29,9 @@ def test_the_stage_benchmark_reports_every_variant_against_the_book(
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {row["variant"]: row for row in report["rows"]}
-    assert list(rows) == ["book", "default", "fast"]
+    assert list(rows) == ["book", "book-kept", "default", "fast"]
     assert rows["book"]["ratio_to_book"] == 1.0
+    assert rows["book-kept"]["ratio_to_book"] == rows["book-kept"]["seconds"] / rows["book"]["seconds"]
     for name in ("default", "fast"):
         row = rows[name]
         assert row["seconds"] > 0 and row["ratio_to_book"] == row["seconds"] / rows["book"]["seconds"]

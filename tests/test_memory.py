@@ -1,0 +1,124 @@
+"""Keeping freed memory (gptlab.memory): large blocks stay in the heap, and no number changes.
+
+Each check runs in a fresh interpreter: malloc's settings are the process's, so the
+test process itself is left as it was, and each side starts from glibc's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gptlab.memory import keep_freed_memory
+
+GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+# A 64 MB block, above glibc's largest mmap threshold (32 MB): what the heap holds around its life.
+HEAP_AROUND_A_BLOCK = """
+import ctypes, json, sys
+import torch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+
+def heap():
+    info = libc.mallinfo2()
+    return {"mmapped": info.hblkhd, "free_in_heap": info.fordblks}
+
+def main(params):
+    before = heap()
+    block = torch.ones(16 * 2**20)  # 64 MB
+    alive = heap()
+    del block
+    print(json.dumps({"before": before, "alive": alive, "freed": heap()}))
+
+if sys.argv[1] == "stage":
+    from gptlab.stage import stage_main
+    stage_main(main, None, ["--params", sys.argv[2]])
+else:
+    main(None)
+"""
+
+
+def heap_around_a_block(tmp_path: Path, through_stage: bool) -> dict[str, dict[str, int]]:
+    params = Path("params.yaml").resolve()
+    script = tmp_path / "heap.py"
+    script.write_text(HEAP_AROUND_A_BLOCK)
+    mode = "stage" if through_stage else "plain"
+    done = subprocess.run(
+        [sys.executable, str(script), mode, str(params)], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_stage_serves_large_blocks_from_the_heap_and_keeps_them_when_freed(tmp_path: Path) -> None:
+    if not GLIBC:  # the settings are glibc's: elsewhere nothing changes, and it says so
+        assert keep_freed_memory() is False
+        return
+    plain = heap_around_a_block(tmp_path, through_stage=False)
+    mapped = plain["alive"]["mmapped"] - plain["before"]["mmapped"]
+    assert mapped >= 64 * 2**20  # glibc's default: the block gets its own mmap ...
+    assert (
+        plain["freed"]["mmapped"] == plain["before"]["mmapped"]
+    )  # ... unmapped on free: faulted in anew next time
+    staged = heap_around_a_block(tmp_path, through_stage=True)
+    assert staged["alive"]["mmapped"] == staged["before"]["mmapped"]  # from the heap
+    kept = staged["freed"]["free_in_heap"] - staged["before"]["free_in_heap"]
+    assert kept >= 60 * 2**20  # and kept there for the next block (glibc trims at 128 kB by default)
+
+
+# Three AdamW steps of a small GPT-2 (its 50,257-row embedding and head are large blocks), and its weights.
+THREE_STEPS = """
+import json, os, sys
+import torch
+from gptlab.memory import keep_freed_memory
+from gptlab.architecture import ModelConfig
+from gptlab.chunked_loss import language_model_loss
+from gptlab.model import GPTModel
+
+if sys.argv[1] == "kept":
+    assert keep_freed_memory()
+torch.manual_seed(123)
+cfg = ModelConfig(context_length=32, emb_dim=64, n_heads=2, n_layers=2, kernels=sys.argv[2])
+model = GPTModel(cfg)
+optimizer = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=0.1)
+loss_fn = language_model_loss(sys.argv[3])
+ids = torch.randint(0, 50257, (4, 33))
+losses = []
+for _ in range(3):
+    optimizer.zero_grad()
+    loss = loss_fn(model, (ids[:, :-1], ids[:, 1:]))
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+weights = sum(p.double().sum().item() for p in model.parameters())
+print(json.dumps({"losses": losses, "weights": weights}))
+"""
+
+
+@pytest.mark.parametrize(("kernels", "loss_kernel"), [("book", "book"), ("fused", "chunked")])
+def test_keeping_freed_memory_changes_no_number(tmp_path: Path, kernels: str, loss_kernel: str) -> None:
+    script = tmp_path / "steps.py"
+    script.write_text(textwrap.dedent(THREE_STEPS))
+    runs = {
+        mode: subprocess.run(
+            [sys.executable, str(script), mode, kernels, loss_kernel],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for mode in (("kept", "plain") if GLIBC else ("plain",))
+    }
+    results = [json.loads(out.splitlines()[-1]) for out in runs.values()]
+    assert results[0]["losses"][0] > results[0]["losses"][-1]  # it trained
+    assert all(result == results[0] for result in results)  # bit for bit
