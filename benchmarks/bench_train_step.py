@@ -273,7 +273,12 @@ def main() -> None:
         "freed memory as the stages do",
     )
     args = parser.parse_args()
-    kept = not args.glibc_malloc and keep_freed_memory()
+    if args.glibc_malloc:
+        memory = "freed memory returned (glibc defaults)"
+    elif keep_freed_memory():
+        memory = "freed memory kept, as the stages do"
+    else:
+        memory = "freed memory as this platform's malloc does"
 
     device = torch.device(args.device)
     default = load_params(PARAMS_FILE).pretrain
@@ -297,8 +302,7 @@ def main() -> None:
     print(
         f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"emb {default_cfg.emb_dim} x {default_cfg.n_layers} layers, batch {args.batch_size} x "
-        f"{default_cfg.context_length} tokens; median of {args.rounds} interleaved rounds; "
-        f"freed memory {'kept, as the stages do' if kept else 'returned (glibc defaults)'}"
+        f"{default_cfg.context_length} tokens; median of {args.rounds} interleaved rounds; {memory}"
     )
     print(
         f"ours, fast: {FAST_PROFILE} -> attention {fast_cfg.attention}, kernels {fast_cfg.kernels}, "

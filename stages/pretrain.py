@@ -28,7 +28,7 @@ from gptlab.config import Params, TrainConfig
 from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.files import write_figure
 from gptlab.generate import generate_text
-from gptlab.losses import dataset_loss, perplexity
+from gptlab.losses import LossFn, dataset_loss, perplexity
 from gptlab.model import GPTModel
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.plots import plot_losses
@@ -71,7 +71,8 @@ def run(params: Params) -> None:
         model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data['train'])} windows")
         clock.lap("setup")
-        initial = split_losses(model, data, cfg.train)
+        loss_fn = language_model_loss(cfg.train.loss_kernel)
+        initial = split_losses(model, data, cfg.train, loss_fn)
         clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
         stage.tracker.log_metrics(section("initial", initial), step=0)
@@ -81,12 +82,11 @@ def run(params: Params) -> None:
             print(f"epoch {epoch} sample: {text!r}")
             return {"sample": text}
 
-        loss_fn = language_model_loss(cfg.train.loss_kernel)
         result = stage.fit(model, data["train"], data["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end)
         clock.lap("training")
         if not stage.main:  # another torchrun process: rank 0 writes the outputs
             return
-        final = split_losses(model, data, cfg.train)
+        final = split_losses(model, data, cfg.train, loss_fn)
         clock.lap("final_losses")
         metrics = {
             **{f"initial_{name}": value for name, value in initial.items()},
@@ -124,11 +124,17 @@ def run(params: Params) -> None:
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
-def split_losses(model: nn.Module, data: dict[str, Dataset], cfg: TrainConfig) -> dict[str, float]:
-    """Mean loss over every window of each split, in eval mode (no dropout)."""
+def split_losses(
+    model: nn.Module, data: dict[str, Dataset], cfg: TrainConfig, loss_fn: LossFn
+) -> dict[str, float]:
+    """Mean loss over every window of each split, in eval mode (no dropout), by the training's loss kernel."""
     return {
         f"{split}_loss": dataset_loss(
-            model, dataset, cfg.eval_batch_size or cfg.batch_size, precision=cfg.precision
+            model,
+            dataset,
+            cfg.eval_batch_size or cfg.batch_size,
+            loss_fn=loss_fn,
+            precision=cfg.precision,
         )
         for split, dataset in data.items()
     }

@@ -6,22 +6,30 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
+from test_memory import GLIBC
 
 from gptlab.runtime import bf16_is_fast
 
 from helpers import PROJECT_ROOT
 
+KEPT = "freed memory kept, as the stages do" if GLIBC else "freed memory as this platform's malloc does"
 
-def test_train_step_benchmark_tiny_prints_every_variant() -> None:
+
+@pytest.mark.parametrize(
+    ("flags", "memory"), [([], KEPT), (["--glibc-malloc"], "freed memory returned (glibc defaults)")]
+)
+def test_train_step_benchmark_tiny_prints_every_variant(flags: list[str], memory: str) -> None:
     result = subprocess.run(
-        [sys.executable, "benchmarks/bench_train_step.py", "--tiny", "--rounds", "2"],
+        [sys.executable, "benchmarks/bench_train_step.py", "--tiny", "--rounds", "2", *flags],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         check=True,
         timeout=600,
     )
+    assert memory in result.stdout.splitlines()[0]
     table = result.stdout[result.stdout.index("variant") :].splitlines()[1:]
     names = [
         "book (ch. 4 model, AdamW)",

@@ -35,45 +35,46 @@ def heap():
     info = libc.mallinfo2()
     return {"mmapped": info.hblkhd, "free_in_heap": info.fordblks}
 
-def main(params):
+def main():
     before = heap()
     block = torch.ones(16 * 2**20)  # 64 MB
     alive = heap()
     del block
     print(json.dumps({"before": before, "alive": alive, "freed": heap()}))
 
-if sys.argv[1] == "stage":
-    from gptlab.stage import stage_main
-    stage_main(main, None, ["--params", sys.argv[2]])
-else:
-    main(None)
+mode = sys.argv[1]
+if mode != "plain":  # a stage script's first line, run as a script or imported
+    from gptlab.stage import answer_arguments_first
+    sys.argv = [sys.argv[0]]
+    answer_arguments_first("__main__" if mode == "script" else "stages.pretrain", None)
+main()
 """
 
 
-def heap_around_a_block(tmp_path: Path, through_stage: bool) -> dict[str, dict[str, int]]:
-    params = Path("params.yaml").resolve()
+def heap_around_a_block(tmp_path: Path, mode: str) -> dict[str, dict[str, int]]:
     script = tmp_path / "heap.py"
     script.write_text(HEAP_AROUND_A_BLOCK)
-    mode = "stage" if through_stage else "plain"
-    done = subprocess.run(
-        [sys.executable, str(script), mode, str(params)], capture_output=True, text=True, check=True
-    )
+    done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_a_stage_serves_large_blocks_from_the_heap_and_keeps_them_when_freed(tmp_path: Path) -> None:
+def mapped_while_alive(heap: dict[str, dict[str, int]]) -> int:
+    return heap["alive"]["mmapped"] - heap["before"]["mmapped"]
+
+
+def test_a_stage_process_serves_large_blocks_from_the_heap_and_keeps_them_when_freed(
+    tmp_path: Path,
+) -> None:
     if not GLIBC:  # the settings are glibc's: elsewhere nothing changes, and it says so
         assert keep_freed_memory() is False
         return
-    plain = heap_around_a_block(tmp_path, through_stage=False)
-    mapped = plain["alive"]["mmapped"] - plain["before"]["mmapped"]
-    assert mapped >= 64 * 2**20  # glibc's default: the block gets its own mmap ...
-    assert (
-        plain["freed"]["mmapped"] == plain["before"]["mmapped"]
-    )  # ... unmapped on free: faulted in anew next time
-    staged = heap_around_a_block(tmp_path, through_stage=True)
-    assert staged["alive"]["mmapped"] == staged["before"]["mmapped"]  # from the heap
-    kept = staged["freed"]["free_in_heap"] - staged["before"]["free_in_heap"]
+    for mode in ("plain", "imported"):  # glibc's default, and a stage script imported (by tests)
+        heap = heap_around_a_block(tmp_path, mode)
+        assert mapped_while_alive(heap) >= 64 * 2**20, mode  # the block gets its own mmap ...
+        assert heap["freed"]["mmapped"] == heap["before"]["mmapped"], mode  # ... unmapped on free
+    heap = heap_around_a_block(tmp_path, "script")
+    assert mapped_while_alive(heap) == 0  # from the heap
+    kept = heap["freed"]["free_in_heap"] - heap["before"]["free_in_heap"]
     assert kept >= 60 * 2**20  # and kept there for the next block (glibc trims at 128 kB by default)
 
 

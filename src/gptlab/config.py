@@ -479,7 +479,7 @@ class AnswerGeneration:
     """How the test answers are generated: `batch_size` records at once (1: one by one, as the book)."""
 
     batch_size: int
-    # The answering weights: fp32 (the book), or a bf16 copy (auto: where bf16 is fast), ~1.3x faster.
+    # The answering weights: fp32 (the book), or a bf16 copy (auto: where bf16 is fast), 1.1-1.3x faster.
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
 
     def __post_init__(self) -> None:

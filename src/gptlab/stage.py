@@ -12,8 +12,8 @@ the agent passes the signal on to every rank, and each stops the same way (one
 waiting in a collective stops once its peers have gone). A second SIGTERM acts
 as it did before: the process ends at once.
 
-Every stage keeps the large blocks torch frees (gptlab.memory): the same
-numbers, a faster CPU step.
+Every stage process keeps the large blocks torch frees (gptlab.memory): the
+same numbers, a faster CPU step.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ def answer_arguments_first(module: str, description: str | None) -> None:
     """Parse a stage script's arguments before its heavy imports: `--help` (or a typo) answers at once.
 
     Called at the top of each script with its `__name__`: imported (by tests, by another
-    module), it does nothing.
+    module), it does nothing. Run as a script, it also keeps freed memory (gptlab.memory)
+    for the life of the process, before torch allocates anything.
     """
     if module == "__main__":
         stage_parser(description).parse_args()
+        keep_freed_memory()
 
 
 class Terminated(KeyboardInterrupt):
@@ -84,7 +86,6 @@ def stage_main(
     run: Callable[[Params], object], description: str | None, argv: list[str] | None = None
 ) -> None:
     args = stage_parser(description).parse_args(argv)
-    keep_freed_memory()  # before the first tensor: a CPU step no longer page-faults its large blocks anew
     if not is_main():  # another torchrun process: rank 0 speaks for all of them
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
