@@ -2,7 +2,7 @@
 
 glibc's malloc serves each block above its mmap threshold (at most 32 MB: logits,
 gradients, the optimizer's temporaries) with a fresh mmap and unmaps it on free,
-so every CPU training step page-faults and zeroes hundreds of MB anew: 17-21 % of
+so every CPU training step page-faults and zeroes hundreds of MB anew: 12-28 % of
 a step on the machine measured (benchmarks/README.md). Keeping them in the heap
 changes where tensors live, never what they hold; the process keeps its peak
 memory until it exits.
