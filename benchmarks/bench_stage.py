@@ -22,6 +22,7 @@ Targets: default <= 1.0x the book loop; fast <= 0.40x where bf16 is fast
     python benchmarks/bench_stage.py --smoke           # the smoke model: about a minute
     python benchmarks/bench_stage.py --epochs 1        # GPT-2 small dims, one epoch: a few minutes
     python benchmarks/bench_stage.py                   # the real thing (10 epochs): ~10 min per variant
+    python benchmarks/bench_stage.py --variants fast   # the fast stage and the yardstick only
 """
 
 from __future__ import annotations
@@ -207,19 +208,21 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure(smoke: bool, epochs: int | None, rounds: int) -> list[dict[str, Any]]:
+def measure(
+    smoke: bool, epochs: int | None, rounds: int, variants: tuple[str, ...] = VARIANTS
+) -> list[dict[str, Any]]:
     """Rows of (variant, median seconds, ratio to the book loop, ...), rounds interleaved."""
     with tempfile.TemporaryDirectory(prefix="gptlab-bench-stage-") as tmp:
         project = prepared_project(Path(tmp))
         params_files = variant_params(project, smoke, epochs)
-        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
         for _ in range(rounds):
-            for variant in VARIANTS:
+            for variant in variants:
                 runs[variant].append(run_variant(project, variant, params_files))
                 print(f"  {variant}: {runs[variant][-1]['seconds']:.1f} s", file=sys.stderr)
     book = statistics.median(r["seconds"] for r in runs["book"])
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         seconds = statistics.median(r["seconds"] for r in runs[variant])
         row = {"variant": variant, "seconds": seconds, "ratio_to_book": seconds / book}
         last = runs[variant][-1]
@@ -240,6 +243,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="override pretrain.train.epochs")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are printed")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS),
+        help="which to run (book, the yardstick, always runs)",
+    )
     parser.add_argument("--book-loop", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--keep-freed-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -250,7 +260,8 @@ def main() -> None:
         return
 
     before = load_average()
-    rows = measure(args.smoke, args.epochs, args.rounds)
+    variants = tuple(v for v in VARIANTS if v == "book" or v in args.variants)
+    rows = measure(args.smoke, args.epochs, args.rounds, variants)
     after = load_average()
     size = "smoke model" if args.smoke else "GPT-2 small dims"
     print(f"pretrain stage vs the book's chapter 5 loop ({size}, epochs {args.epochs or 'as params'})")
@@ -258,7 +269,8 @@ def main() -> None:
     print(f"{'variant':<10} {'seconds':>9} {'vs book loop':>13}")
     for row in rows:
         print(f"{row['variant']:<10} {row['seconds']:>9.1f} {row['ratio_to_book']:>12.2f}x")
-    print("book-kept: the book's loop with freed memory kept, as the stages run (gptlab.memory)")
+    if "book-kept" in variants:
+        print("book-kept: the book's loop with freed memory kept, as the stages run (gptlab.memory)")
     for row in rows:
         if "phases" in row:
             phases = ", ".join(f"{k.removeprefix('seconds_')} {v:.1f}" for k, v in row["phases"].items())

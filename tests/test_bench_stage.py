@@ -45,3 +45,25 @@ def test_the_stage_benchmark_reports_every_variant_against_the_book(
         assert phases["seconds_training_step"] <= phases["seconds_training"]
         assert row["startup_and_exit_seconds"] > 0
     assert "vs book loop" in done.stdout and "load average before" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_stage_benchmark_runs_the_chosen_variants_beside_the_book(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "rows.json"
+    command = [sys.executable, "benchmarks/bench_stage.py", "--smoke", "--epochs", "1", "--json", str(out)]
+    done = subprocess.run(
+        [*command, "--variants", "fast"],
+        cwd=ROOT,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["book", "fast"]
+    assert rows[1]["ratio_to_book"] == rows[1]["seconds"] / rows[0]["seconds"]
+    refused = subprocess.run([*command, "--variants", "slow"], cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2 and "invalid choice: 'slow'" in refused.stderr

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -436,6 +437,30 @@ def test_a_failed_background_save_surfaces(tmp_path: Path) -> None:
     (tmp_path / "run").write_text("a file where the checkpoint folder should be")
     with pytest.raises(WriteError, match=r"cannot write .*run/step-\d{7}: File exists"):  # one line, the file
         run_fit(tmp_path / "run", dataclasses.replace(TRAIN, max_steps=4))
+
+
+def test_the_last_save_left_to_the_caller_is_complete_once_its_stack_closes(
+    reference, tmp_path: Path
+) -> None:
+    weights, result = reference
+    with ExitStack() as finish_saving:
+        _, deferred = run_fit(tmp_path / "run", finish_saving=finish_saving)
+    assert deferred.history == result.history
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run")] == ["step-0000008", "step-0000012"]
+    loaded, state = checkpoint.load_training_checkpoint(tmp_path / "run" / "step-0000012")
+    assert all(torch.equal(weights[k], v) for k, v in loaded.items())
+    assert state["progress"]["steps"] == 12
+
+
+def test_a_failed_last_save_left_to_the_caller_surfaces_when_its_stack_closes(tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("a file where the checkpoint folder should be")
+    only_last = checkpoint_config(every_steps=None, every_minutes=1e6, keep=2)
+    stack = ExitStack()
+    run_fit(
+        tmp_path / "run", dataclasses.replace(TRAIN, max_steps=4), checkpoints=only_last, finish_saving=stack
+    )
+    with pytest.raises(WriteError, match=r"cannot write .*run/step-0000004: File exists"):
+        stack.close()
 
 
 def test_a_run_without_any_checkpoint_schedule_is_refused() -> None:

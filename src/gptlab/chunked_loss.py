@@ -78,16 +78,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 rows = slice(start, start + chunk)
                 h, t, keep = h_all[rows], targets[rows], kept[rows]
                 logits = F.linear(h, w).float()  # (chunk, vocab); the softmax in fp32
-                lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
                 safe_t = torch.where(keep, t, 0)
                 target_logit = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1)
-                total += ((lse - target_logit) * keep).sum()
+                # The log-sum-exp and the softmax from one pass of exp, in place (the logits are done).
+                peak = logits.amax(dim=-1, keepdim=True)
+                exps = logits.sub_(peak).exp_()
+                sums = exps.sum(dim=-1)
+                total += ((peak.squeeze(1) + sums.log() - target_logit) * keep).sum()
                 if not want_grads:
                     continue
                 # d loss_sum / d logits = softmax - one_hot(target), zero on skipped rows.
-                probs = logits.sub_(lse.unsqueeze(1)).exp_()
-                probs.scatter_add_(1, safe_t.unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
-                probs = probs.mul_(keep.unsqueeze(1)).to(dtype)
+                probs = exps.mul_((keep / sums).unsqueeze(1))
+                probs.scatter_add_(1, safe_t.unsqueeze(1), -keep.to(probs.dtype).unsqueeze(1))
+                probs = probs.to(dtype)
                 grad_hidden[rows] = probs @ w  # type: ignore[index]
                 if grad_weight is None:
                     grad_weight = (probs.t() @ h).float()  # fp32 sums, whatever the matmul dtype

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._dynamo.exc import TorchDynamoException
-from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from tqdm.auto import tqdm
 
 from gptlab.losses import LossFn
@@ -30,6 +28,8 @@ def use_project_compile_cache() -> None:
     Importing torch._dynamo already set TORCHINDUCTOR_CACHE_DIR to inductor's default
     (a folder in /tmp, gone at the next reboot), so that value counts as not set.
     """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # imports torch._dynamo: ~1.5 s
+
     named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if named is None or os.path.abspath(named) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_CACHE.resolve())
@@ -45,6 +45,8 @@ class CompiledOrEager:
 
     def __call__(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         if self.compiled is not None:
+            from torch._dynamo.exc import TorchDynamoException  # loaded by torch.compile already
+
             try:
                 return self.compiled(model, batch)
             except TorchDynamoException as error:

@@ -160,18 +160,20 @@ class Checkpointer:
         self._writer.start()
 
     @contextmanager
-    def saving(self) -> Iterator[None]:
+    def saving(self, wait: bool = True) -> Iterator[None]:
         """A block that saves: on leaving it the save in flight ends, and its failure is raised.
 
         If the block itself raises, the save still ends (so the checkpoint is there
-        to resume from), and the block's error is the one that propagates.
+        to resume from), and the block's error is the one that propagates. With
+        `wait` False a block that ends normally leaves its last save running.
         """
         try:
             yield
         except BaseException:
             self.settle()
             raise
-        self.wait()
+        if wait:
+            self.wait()
 
     def wait(self) -> None:
         """Let the save in flight finish; raise what it raised. Under torchrun every rank waits for it."""
@@ -192,7 +194,7 @@ class Checkpointer:
         try:
             path = save_training_checkpoint(self.folder, steps, self.model.cfg, weights, state)
             try:  # the digests were taken from the copy in memory; reading checks them
-                load_training_checkpoint(path)
+                load_training_checkpoint(path, mmap=True)
             except CheckpointError as exc:
                 raise CheckpointError(
                     f"{path} does not read back as written ({exc}); is the disk full or failing?"

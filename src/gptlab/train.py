@@ -24,6 +24,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -124,6 +125,7 @@ def fit(
     count_seen: SeenFn = count_tokens,
     tracker: Tracker | None = None,
     on_epoch_end: EpochEndFn | None = None,
+    finish_saving: ExitStack | None = None,
 ) -> TrainResult:
     """Train `model` in place (only parameters with requires_grad) and return its history.
 
@@ -132,6 +134,8 @@ def fit(
     `count_seen` summed as `seen_name`; `on_epoch_end(epoch, model)` runs after each
     epoch (1-based; also after a last one cut short by max_steps) and what it returns
     is logged. Under torchrun only rank 0 prints, saves and calls `on_epoch_end`.
+    With `finish_saving`, the save after the last step goes on while the caller
+    scores and publishes; closing that stack waits for it (and raises its failure).
     """
     tracker = tracker or Untracked()
     run = setup_training(model, train_data, cfg, loss_fn, tracker)
@@ -153,7 +157,7 @@ def fit(
     started = last_save = time.perf_counter()
     clock = LapClock()
     model.train()
-    with checkpointer.saving():  # a save in flight ends before the loop is left
+    with checkpointer.saving(wait=finish_saving is None):  # else the last save is the caller's to wait for
         while progress.steps < run.total_steps:
             for batch in order.epoch_batches(progress):
                 step = progress.steps  # the book's global_step of this update
@@ -184,7 +188,9 @@ def fit(
                     clock.lap("checkpoint")
                 if finished:
                     break
-    clock.lap("checkpoint")  # waiting for the last save
+    clock.lap("checkpoint")  # waiting for the last save, unless the caller will
+    if finish_saving is not None:
+        finish_saving.enter_context(checkpointer.saving())
     bar.close()
     return _result(progress, seen_name, resumed_steps, start_seen, time.perf_counter() - started, clock)
 
@@ -228,14 +234,22 @@ class TrainingSetup:
             torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         self.optimizer.step()
 
-    def eval_loss(self, model: nn.Module, loader: Any, num_batches: int | None) -> float:
-        """Mean loss of `num_batches` batches in eval mode (no dropout), at the training precision."""
+    def eval_losses(
+        self, model: nn.Module, loaders: dict[str, Any], num_batches: int | None
+    ) -> dict[str, float]:
+        """Mean loss of `num_batches` batches of each loader in eval mode (no dropout), at the training precision.
+
+        One autocast block for all of them, so bf16 casts the weights once.
+        """
         was_training = model.training
         model.eval()
         with autocast(self.device, self.cfg.precision):
-            loss = average_loss(model, loader, self.loss_fn, num_batches)
+            losses = {
+                name: average_loss(model, loader, self.loss_fn, num_batches)
+                for name, loader in loaders.items()
+            }
         model.train(was_training)
-        return loss
+        return losses
 
 
 def setup_training(
@@ -290,7 +304,7 @@ def _checkpointer(
         model,
         run.optimizer,
         dataclasses.asdict(run.cfg),
-        lambda m: run.eval_loss(m, [probe], None),
+        lambda m: run.eval_losses(m, {"probe": [probe]}, None)["probe"],
         keep=keep,
         world=run.world,
         device=run.device,
@@ -311,10 +325,8 @@ def _resume(checkpointer: Checkpointer, order: DataOrder, tracker: Tracker) -> P
 
 def _eval_losses(model: nn.Module, run: TrainingSetup, order: DataOrder) -> dict[str, float]:
     """The book's evaluation: mean losses of `eval_iter` batches of each split (averaged over ranks)."""
-    return {
-        f"{split}_loss": distributed.all_mean(run.eval_loss(model, loader, order.eval_batches))
-        for split, loader in (("train", order.train_eval), ("val", order.val_eval))
-    }
+    losses = run.eval_losses(model, {"train": order.train_eval, "val": order.val_eval}, order.eval_batches)
+    return {f"{split}_loss": distributed.all_mean(loss) for split, loss in losses.items()}
 
 
 def _log_evaluation(progress: Progress, bar: tqdm, tracker: Tracker, main: bool) -> None:

@@ -10,7 +10,7 @@ The stage scripts keep only what is their chapter's own.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ class TrainingRun:
     params: Params
     tracker: StageRun
     run_dir: Path
+    finish_saving: ExitStack  # waits, as the run ends, for the checkpoint `fit` saved last
 
     @property
     def main(self) -> bool:
@@ -90,6 +91,7 @@ class TrainingRun:
             loss_fn=loss_fn,
             run_dir=self.run_dir,
             tracker=self.tracker,
+            finish_saving=self.finish_saving,
             **kw,
         )
 
@@ -198,11 +200,12 @@ def training_run(
             stage, tracking.experiment, run_params, system_metrics=tracking.system_metrics, **sweep
         ) as tracker,
         resume_folder(stage, fingerprint, inputs) as run_dir,
+        ExitStack() as finish_saving,  # the last checkpoint is written while the stage publishes
     ):
         if upstream is not None:
             tracker.link_upstream(*upstream)
         tracker.log_input(dataset.name, dataset.path, context="training", profile=dataset.profile)
-        yield TrainingRun(params, tracker, run_dir)
+        yield TrainingRun(params, tracker, run_dir, finish_saving)
         tracker.ensure_sent(
             f"the outputs are written and the trained state is kept in {run_dir}; rerun the stage once "
             "the server answers: it resumes there, trains nothing again and logs a complete run"
