@@ -30,7 +30,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,20 +160,23 @@ class Checkpointer:
         self._writer.start()
 
     @contextmanager
-    def saving(self, wait: bool = True) -> Iterator[None]:
+    def saving(self, later: ExitStack | None = None) -> Iterator[None]:
         """A block that saves: on leaving it the save in flight ends, and its failure is raised.
 
         If the block itself raises, the save still ends (so the checkpoint is there
         to resume from), and the block's error is the one that propagates. With
-        `wait` False a block that ends normally leaves its last save running.
+        `later`, a block that ends normally leaves its last save running until
+        `later` closes.
         """
         try:
             yield
         except BaseException:
             self.settle()
             raise
-        if wait:
+        if later is None:
             self.wait()
+        else:
+            later.enter_context(self.saving())
 
     def wait(self) -> None:
         """Let the save in flight finish; raise what it raised. Under torchrun every rank waits for it."""

@@ -129,13 +129,12 @@ def fit(
 ) -> TrainResult:
     """Train `model` in place (only parameters with requires_grad) and return its history.
 
-    Resumes from the newest valid checkpoint in `run_dir`, if any. Every `eval_freq`
-    steps the mean losses of `eval_iter` batches of each split are recorded with
-    `count_seen` summed as `seen_name`; `on_epoch_end(epoch, model)` runs after each
-    epoch (1-based; also after a last one cut short by max_steps) and what it returns
-    is logged. Under torchrun only rank 0 prints, saves and calls `on_epoch_end`.
-    With `finish_saving`, the save after the last step goes on while the caller
-    scores and publishes; closing that stack waits for it (and raises its failure).
+    Resumes from the newest valid checkpoint in `run_dir`, if any. Every `eval_freq` steps the
+    mean losses of `eval_iter` batches of each split are recorded with `count_seen` summed as
+    `seen_name`; `on_epoch_end(epoch, model)` runs after each epoch (1-based; also after a last
+    one cut short by max_steps) and what it returns is logged. Under torchrun only rank 0
+    prints, saves and calls `on_epoch_end`. With `finish_saving`, the save after the last step
+    goes on while the caller scores and publishes; closing that stack waits for it.
     """
     tracker = tracker or Untracked()
     run = setup_training(model, train_data, cfg, loss_fn, tracker)
@@ -157,7 +156,7 @@ def fit(
     started = last_save = time.perf_counter()
     clock = LapClock()
     model.train()
-    with checkpointer.saving(wait=finish_saving is None):  # else the last save is the caller's to wait for
+    with checkpointer.saving(finish_saving):  # the last save ends on leaving the loop or with finish_saving
         while progress.steps < run.total_steps:
             for batch in order.epoch_batches(progress):
                 step = progress.steps  # the book's global_step of this update
@@ -189,8 +188,6 @@ def fit(
                 if finished:
                     break
     clock.lap("checkpoint")  # waiting for the last save, unless the caller will
-    if finish_saving is not None:
-        finish_saving.enter_context(checkpointer.saving())
     bar.close()
     return _result(progress, seen_name, resumed_steps, start_seen, time.perf_counter() - started, clock)
 
