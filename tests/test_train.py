@@ -175,6 +175,20 @@ def test_checkpoints_keep_the_newest_and_load_with_weights_only(reference, tmp_p
     assert set(state["rng"]) == {"torch", "cuda", "numpy", "python"}
 
 
+def test_the_finished_runs_save_leaves_out_the_moments_and_still_resumes(reference, tmp_path: Path) -> None:
+    weights, result = reference
+    run_fit(tmp_path)
+    _, earlier = checkpoint.load_training_checkpoint(tmp_path / "step-0000008")
+    _, last = checkpoint.load_training_checkpoint(tmp_path / "step-0000012")
+    assert len(earlier["optimizer"]["state"]) == len(weights)  # a step is left: AdamW's moments kept
+    assert last["optimizer"]["state"] == {}
+    assert last["optimizer"]["param_groups"] == earlier["optimizer"]["param_groups"]
+    # The rerun of a run that crashed after its last step trains nothing and ends the same.
+    model, resumed = run_fit(tmp_path)
+    assert resumed.resumed_steps == 12 and resumed.history == result.history
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+
+
 @pytest.mark.slow
 def test_resume_after_kill_gives_the_uninterrupted_result(reference, tmp_path: Path) -> None:
     weights, result = reference

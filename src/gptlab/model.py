@@ -33,7 +33,9 @@ class DecodeWeight:
     A matrix-vector product against the (in, out) layout runs ~1.3x faster on CPUs than
     against nn.Linear's (out, in) (it is how Hugging Face's GPT-2 stores its weights), so
     decoding steps use this copy. A change to a weight (an optimizer step, a load, a move)
-    bumps its version or its storage, and the next call copies again.
+    bumps its version or its storage, and the next call copies again, into the same
+    memory where it can (a fresh copy of GPT-2 small's weights costs its page faults:
+    a training stage's epoch-end sample took ~0.3 s longer).
     """
 
     def __init__(self) -> None:
@@ -43,8 +45,20 @@ class DecodeWeight:
     def of(self, weights: Sequence[torch.Tensor]) -> torch.Tensor:
         key = tuple((w.data_ptr(), w._version) for w in weights)
         if self.weight is None or key != self.key:
-            self.weight = torch.cat([w.detach() for w in weights]).t().contiguous()
+            self.weight = self._transposed(weights)
             self.key = key
+        return self.weight
+
+    def _transposed(self, weights: Sequence[torch.Tensor]) -> torch.Tensor:
+        first = weights[0]
+        shape = (first.shape[1], sum(w.shape[0] for w in weights))
+        fits = self.weight is not None and self.weight.shape == shape
+        if not (fits and self.weight.dtype == first.dtype and self.weight.device == first.device):
+            return torch.cat([w.detach() for w in weights]).t().contiguous()
+        start = 0
+        for w in weights:
+            self.weight[:, start : start + w.shape[0]].copy_(w.detach().t())
+            start += w.shape[0]
         return self.weight
 
 

@@ -127,10 +127,13 @@ class Checkpointer:
         self._writer: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    def save(self, progress: Progress) -> None:
+    def save(self, progress: Progress, *, finished: bool = False) -> None:
         """Copy the training state to the CPU now; write, read back, check and prune in the background.
 
-        Under torchrun rank 0 writes it, with every rank's RNG state.
+        Under torchrun rank 0 writes it, with every rank's RNG state. A `finished` run's
+        save leaves out the optimizer's moments: no step is left to take with them (its
+        train settings, the number of steps among them, must match to resume), and for
+        AdamW they are twice the weights' size to copy, write and check.
         """
         self.wait()
         rank_rngs = distributed.gather(rng_state()) if self.world.size > 1 else None
@@ -147,7 +150,7 @@ class Checkpointer:
             "format": STATE_FORMAT,
             "train_config": self.train_config,
             "progress": dataclasses.asdict(progress),
-            "optimizer": cpu_copy(self.optimizer.state_dict()),
+            "optimizer": cpu_copy(optimizer_state(self.optimizer, moments=not finished)),
             "rng": rng_state(),
             "probe_loss": probe_loss,
         }
@@ -278,6 +281,12 @@ class Checkpointer:
         if not self._same_loss(probe_loss, state["probe_loss"]):
             raise CheckpointError("its weights do not give the loss recorded at save time")
         return weights, state
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, *, moments: bool) -> dict[str, Any]:
+    """The optimizer's state dict; without `moments`, its parameter groups alone (it loads as a fresh one)."""
+    state = optimizer.state_dict()
+    return state if moments else {**state, "state": {}}
 
 
 def meta_twin(model: nn.Module) -> nn.Module:

@@ -182,7 +182,7 @@ def fit(
                 if finished or checkpoint_due(
                     checkpoints, progress.steps, epoch_done, time.perf_counter() - last_save
                 ):
-                    checkpointer.save(progress)
+                    checkpointer.save(progress, finished=finished)
                     last_save = time.perf_counter()
                     clock.lap("checkpoint")
                 if finished:
