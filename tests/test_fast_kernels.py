@@ -106,14 +106,17 @@ def test_wrapped_projections_are_not_fused_away() -> None:
         torch.testing.assert_close(fused(ids), book(ids), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("rows_per_chunk", [None, 10])
+@pytest.mark.parametrize(("rows_per_chunk", "vocab_block"), [(None, None), (10, None), (None, 64), (10, 64)])
 def test_chunked_loss_equals_cross_entropy_with_ignored_rows(
-    rows_per_chunk: int | None, monkeypatch: pytest.MonkeyPatch
+    rows_per_chunk: int | None, vocab_block: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One chunk (the default's size), and 37 rows in chunks of 10, the last one short."""
+    """One chunk (the default's size), 37 rows in chunks of 10 (the last one short), each with the
+    vocabulary of 211 in one block or in blocks of 64 (the last one short)."""
     rows = 37
     if rows_per_chunk is not None:
         monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * rows_per_chunk)
+    if vocab_block is not None:
+        monkeypatch.setattr(chunked_loss, "VOCAB_BLOCK", vocab_block)
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(rows, 16, generator=generator, requires_grad=True)
     weight = torch.randn(211, 16, generator=generator, requires_grad=True)
@@ -130,13 +133,15 @@ def test_chunked_loss_equals_cross_entropy_with_ignored_rows(
     torch.testing.assert_close(chunked[1], weight.grad)
 
 
-@pytest.mark.parametrize("rows_per_chunk", [None, 10])
+@pytest.mark.parametrize(("rows_per_chunk", "vocab_block"), [(None, None), (10, 64)])
 def test_chunked_loss_under_bf16_autocast_matches_cross_entropy_under_it(
-    rows_per_chunk: int | None, monkeypatch: pytest.MonkeyPatch
+    rows_per_chunk: int | None, vocab_block: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The casts done once per call give what autocast's per-op casts give, within bf16's rounding."""
     if rows_per_chunk is not None:
         monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * rows_per_chunk)
+    if vocab_block is not None:
+        monkeypatch.setattr(chunked_loss, "VOCAB_BLOCK", vocab_block)
     generator = torch.Generator().manual_seed(6)
     hidden = torch.randn(37, 16, generator=generator, requires_grad=True)
     weight = torch.randn(211, 16, generator=generator, requires_grad=True)
