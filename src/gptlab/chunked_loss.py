@@ -123,14 +123,15 @@ def _transposed_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The fp32 logits of `h @ w.T` laid out (vocab, tokens), computed `VOCAB_BLOCK` vocabulary rows at a time."""
     h_t = h.t().contiguous()
     logits = torch.empty(w.shape[0], h.shape[0], dtype=torch.float32, device=h.device)
+    if w.dtype == logits.dtype:
+        for start in range(0, w.shape[0], VOCAB_BLOCK):
+            torch.mm(w[start : start + VOCAB_BLOCK], h_t, out=logits[start : start + VOCAB_BLOCK])
+        return logits
+    # A narrower matmul dtype: each block is widened into the logits while it is still in cache.
     block = torch.empty(min(VOCAB_BLOCK, w.shape[0]), h.shape[0], dtype=w.dtype, device=h.device)
     for start in range(0, w.shape[0], VOCAB_BLOCK):
         rows = slice(start, start + VOCAB_BLOCK)
-        if w.dtype == logits.dtype:
-            torch.mm(w[rows], h_t, out=logits[rows])
-        else:  # a narrower matmul dtype: each block widened while it is still in cache
-            out = block[: logits[rows].shape[0]]
-            logits[rows].copy_(torch.mm(w[rows], h_t, out=out))
+        logits[rows].copy_(torch.mm(w[rows], h_t, out=block[: logits[rows].shape[0]]))
     return logits
 
 
