@@ -133,6 +133,23 @@ def test_chunked_loss_equals_cross_entropy_with_ignored_rows(
     torch.testing.assert_close(chunked[1], weight.grad)
 
 
+def test_chunks_of_gpt2s_vocabulary_hold_a_multiple_of_the_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2's 50,257 logits a token: 640 tokens a chunk (not 667), within the logits' budget."""
+    tokens = chunked_loss._chunk_tokens(50257)
+    assert tokens % chunked_loss.CHUNK_ALIGN == 0
+    assert tokens * 50257 <= chunked_loss.CHUNK_LOGITS < (tokens + chunked_loss.CHUNK_ALIGN) * 50257
+    monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * 10)  # below the alignment: as many as fit
+    assert chunked_loss._chunk_tokens(211) == 10
+    monkeypatch.setattr(chunked_loss, "CHUNK_LOGITS", 211 * 70)  # 64 tokens a chunk: 37 + 70 rows in two
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(107, 16, generator=generator)
+    weight = torch.randn(211, 16, generator=generator)
+    targets = torch.randint(0, 211, (107,), generator=generator)
+    torch.testing.assert_close(
+        linear_cross_entropy(hidden, weight, targets), F.cross_entropy(hidden @ weight.T, targets)
+    )
+
+
 @pytest.mark.parametrize(("rows_per_chunk", "vocab_block"), [(None, None), (10, 64)])
 def test_chunked_loss_under_bf16_autocast_matches_cross_entropy_under_it(
     rows_per_chunk: int | None, vocab_block: int | None, monkeypatch: pytest.MonkeyPatch
@@ -291,9 +308,10 @@ def test_fused_attention_in_training_drops_its_weights_with_keep_mask() -> None:
     attention = MultiHeadAttention(
         32, 32, dropout=0.2, num_heads=4, attention="sdpa", kernels="fused"
     ).train()
-    x = torch.randn(2, 9, 32)
+    x = torch.randn(2, 9, 32, requires_grad=True)
     torch.manual_seed(3)
     out = attention(x)
+    (grad_x,) = torch.autograd.grad(out.square().sum(), x)
     torch.manual_seed(3)
     q, k, v = (
         p(x).view(2, 9, 4, 8).transpose(1, 2) for p in (attention.W_query, attention.W_key, attention.W_value)
@@ -302,6 +320,11 @@ def test_fused_attention_in_training_drops_its_weights_with_keep_mask() -> None:
     weights = torch.softmax(scores / 8**0.5, dim=-1) * keep_mask(scores.shape, 0.2) / 0.8
     expected = attention.out_proj((weights @ v).transpose(1, 2).reshape(2, 9, 32))
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    # The mask and scale inside one baddbmm pass the same gradients back.
+    torch.testing.assert_close(
+        grad_x, torch.autograd.grad(expected.square().sum(), x)[0], atol=1e-5, rtol=1e-4
+    )
+    x = x.detach()
     with torch.no_grad():  # in eval mode: SDPA without dropout, the masked softmax's result
         torch.testing.assert_close(
             attention.eval()(x),
