@@ -7,8 +7,8 @@ tokens, greedily, in three ways:
 - ours: `gptlab.generate.generate` with the KV cache (sdpa attention, the fast
   profile's fused kernels: one Q/K/V matmul, decoding steps against (in, out)
   weight copies), and the same with the book's kernels;
-- ours with bf16 weights (an inference precision): the same weights cast to
-  bf16, its tokens compared with transformers' fp32 ones, and its quality
+- ours with bf16 weights (an inference precision, where bf16 is fast or with
+  --bf16-weights on): the same weights cast to bf16, its tokens compared with transformers' fp32 ones, and its quality
   line: on QUALITY_PROMPTS fixed random prompts, in how many the first
   QUALITY_TOKENS greedy tokens equal the fp32 model's, and the largest logit
   difference at the prompts' last positions relative to the fp32 logits' spread;
@@ -41,6 +41,7 @@ from gptlab.architecture import ModelConfig
 from gptlab.generate import generate
 from gptlab.hf_gpt2 import gptlab_to_hf, hf_config
 from gptlab.model import GPTModel
+from gptlab.runtime import bf16_is_fast
 
 PROMPT = [6109, 3626, 6100, 345]  # "Every effort moves you"
 QUALITY_PROMPTS, QUALITY_TOKENS = 16, 20
@@ -73,19 +74,21 @@ def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
 
 
 def variants(
-    ours: GPTModel, theirs: GPT2LMHeadModel, bf16_weights: GPTModel
+    ours: GPTModel, theirs: GPT2LMHeadModel, bf16_weights: GPTModel | None
 ) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
     book_kernels = GPTModel(dataclasses.replace(ours.cfg, kernels="book")).eval()
     book_kernels.load_state_dict(ours.state_dict())
-    return {
+    runs: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
         "ours (KV cache)": lambda idx, n: generate(ours, idx, n),
         "ours, book kernels": lambda idx, n: generate(book_kernels, idx, n),
-        "ours, bf16 weights": lambda idx, n: generate(bf16_weights, idx, n),
-        "transformers generate": lambda idx, n: theirs.generate(
-            idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, do_sample=False, use_cache=True
-        ),
-        "book (no cache)": lambda idx, n: book_generate(ours, idx, n),
     }
+    if bf16_weights is not None:
+        runs["ours, bf16 weights"] = lambda idx, n: generate(bf16_weights, idx, n)
+    runs["transformers generate"] = lambda idx, n: theirs.generate(
+        idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, do_sample=False, use_cache=True
+    )
+    runs["book (no cache)"] = lambda idx, n: book_generate(ours, idx, n)
+    return runs
 
 
 def bf16_quality(ours: GPTModel, bf16_weights: GPTModel) -> str:
@@ -120,6 +123,14 @@ def main() -> None:
     parser.add_argument(
         "--tiny", action="store_true", help="a 2-layer, 64-dim model, context 64, 1,000 ids: a smoke run"
     )
+    parser.add_argument(
+        "--bf16-weights",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the bf16 weights' row: auto runs it where bf16 is fast (AMX or AVX-512 BF16) and with --tiny; "
+        "on an AVX2-only CPU bf16 is emulated (~3 tokens/s: minutes at 900 tokens), and the inference "
+        "precision `auto` answers in fp32 there",
+    )
     args = parser.parse_args()
     lengths = args.lengths or ([8, 40] if args.tiny else [100, 900])
     dims = (
@@ -129,7 +140,10 @@ def main() -> None:
     )
     cfg = ModelConfig.from_preset("gpt2-small", drop_rate=0.0, qkv_bias=True, attention="sdpa", **dims)
     ours, theirs = build_models(cfg)
-    bf16_weights = copy.deepcopy(ours).to(torch.bfloat16)
+    with_bf16 = args.bf16_weights == "on" or (
+        args.bf16_weights == "auto" and (args.tiny or bf16_is_fast(torch.device("cpu")))
+    )
+    bf16_weights = copy.deepcopy(ours).to(torch.bfloat16) if with_bf16 else None
     runs = variants(ours, theirs, bf16_weights)
     idx = torch.tensor([PROMPT]) % cfg.vocab_size  # (1, 4); --tiny has a small vocabulary
     print(
@@ -158,7 +172,10 @@ def main() -> None:
         print(
             f"{name:<24} {n:>10} {median:>8.2f} {n / median:>9.1f} {reference / median:>15.2f}x {str(same):>12}"
         )
-    print(bf16_quality(ours, bf16_weights))
+    if bf16_weights is None:
+        print("bf16 weights: not run, bf16 is not fast on this CPU (--bf16-weights on runs them)")
+    else:
+        print(bf16_quality(ours, bf16_weights))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import tiktoken
 import torch
 
 from gptlab.config import SampleConfig
+from gptlab.decoding import FusedDecoder
 from gptlab.errors import InputError
 from gptlab.model import GPTModel, KVCache
 from gptlab.tokenizer import text_to_token_ids, token_ids_to_text
@@ -65,6 +66,7 @@ def generate(
     cache = KVCache(model.cfg.n_layers, context_length, pad)
     was_training = model.training
     model.eval()
+    decoder = FusedDecoder(model) if FusedDecoder.fits(model, idx.shape[0], idx.device) else None
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -75,6 +77,8 @@ def generate(
                 # window, exactly what the uncached path computes.
                 cache.reset()
                 hidden = model.hidden_states(idx[:, -context_length:], cache)
+            elif decoder is not None:
+                hidden = decoder.hidden_states(idx[:, -1:], cache)  # the same, without the module calls
             else:
                 hidden = model.hidden_states(idx[:, -1:], cache)  # only the newest token; the rest is cached
             logits = model.out_head(hidden[:, -1])  # (b, vocab): the prompt's other positions need none
