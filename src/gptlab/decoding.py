@@ -17,21 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gptlab.model import DECODE_ROWS, GPTModel, KVCache, LayerNorm, Linear, decode_linear
-
-
-@dataclass(frozen=True)
-class _Norm:
-    scale: torch.Tensor
-    shift: torch.Tensor
-    eps: float
-
-    @classmethod
-    def of(cls, norm: LayerNorm) -> _Norm:
-        return cls(norm.scale, norm.shift, norm.eps)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)
+from gptlab.model import GELU, GPTModel, KVCache, LayerNorm, Linear, decode_linear, is_decoding_step
 
 
 @dataclass(frozen=True)
@@ -45,11 +31,12 @@ class _Projection:
 
 @dataclass(frozen=True)
 class _Block:
-    norm1: _Norm
+    norm1: LayerNorm
     qkv: _Projection  # queries, keys and values side by side
     out_proj: _Projection
-    norm2: _Norm
+    norm2: LayerNorm
     ff_in: _Projection
+    gelu: GELU
     ff_out: _Projection
 
 
@@ -59,7 +46,6 @@ class FusedDecoder:
     def __init__(self, model: GPTModel) -> None:
         self.model = model
         self.blocks: list[_Block] = []  # gathered at the first step: a call may never take one
-        self.final_norm = _Norm.of(model.final_norm)
 
     def _gather(self) -> None:
         model = self.model
@@ -69,18 +55,22 @@ class FusedDecoder:
             qkv_bias = None if att.W_query.bias is None else torch.cat([p.bias for p in projections])
             self.blocks.append(
                 _Block(
-                    norm1=_Norm.of(block.norm1),
+                    norm1=block.norm1,
                     qkv=_Projection(att.decode_qkv.of([p.weight for p in projections]), qkv_bias),
                     out_proj=_projection(att.out_proj),
-                    norm2=_Norm.of(block.norm2),
+                    norm2=block.norm2,
                     ff_in=_projection(ff[0]),
+                    gelu=ff[1],
                     ff_out=_projection(ff[2]),
                 )
             )
 
     @staticmethod
-    def fits(model: GPTModel, rows: int, device: torch.device) -> bool:
-        """Whether the modules' decoding path is what this replaces: fused kernels, SDPA, plain Linears, few rows on the CPU."""
+    def fits(model: GPTModel, idx: torch.Tensor) -> bool:
+        """Whether the modules would decode the new tokens of `idx` (b, t) by their decoding path, which this replaces.
+
+        That path: fused kernels, SDPA, plain Linears, in eval mode, and a decoding step (b rows).
+        """
         linears = [
             m
             for block in model.trf_blocks
@@ -96,11 +86,8 @@ class FusedDecoder:
             model.cfg.kernels == "fused"
             and model.cfg.attention == "sdpa"
             and all(type(m) is Linear for m in linears)  # LoRA's wrappers keep the module path
-            and device.type == "cpu"
-            and rows <= DECODE_ROWS
             and not model.training
-            and not torch.is_grad_enabled()
-            and not torch.is_autocast_enabled("cpu")
+            and is_decoding_step(idx)  # one token for each of the b rows
         )
 
     def hidden_states(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -128,8 +115,8 @@ class FusedDecoder:
             context = context.transpose(1, 2).contiguous().view(b, t, -1)  # (b, 1, emb)
             x = block.out_proj(context) + shortcut
             shortcut = x
-            x = block.ff_out(F.gelu(block.ff_in(block.norm2(x)), approximate="tanh")) + shortcut
-        return self.final_norm(x)
+            x = block.ff_out(block.gelu(block.ff_in(block.norm2(x)))) + shortcut
+        return model.final_norm(x)
 
 
 def _projection(linear: Linear) -> _Projection:

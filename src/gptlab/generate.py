@@ -66,7 +66,7 @@ def generate(
     cache = KVCache(model.cfg.n_layers, context_length, pad)
     was_training = model.training
     model.eval()
-    decoder = FusedDecoder(model) if FusedDecoder.fits(model, idx.shape[0], idx.device) else None
+    decoder = FusedDecoder(model) if FusedDecoder.fits(model, idx) else None
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
