@@ -6,8 +6,8 @@ modules, ~140 module calls and layout checks a token in Python. `FusedDecoder`
 runs the same operations on the same (in, out) weight copies
 (`model.DecodeWeight`) in the same order as the modules' own decoding path, so
 its logits and tokens are bit for bit the modules'; it only leaves the module
-machinery out: 100 greedy tokens of GPT-2 small took 3.8 s against 4.4 s on
-the AVX2 CPU measured (benchmarks/README.md).
+machinery out: on the AVX2 CPU measured, 100 greedy tokens of GPT-2 small ran
+1.27x transformers' `generate` against 1.13x before (benchmarks/README.md).
 """
 
 from __future__ import annotations
