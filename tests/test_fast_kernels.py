@@ -133,6 +133,23 @@ def test_chunked_loss_equals_cross_entropy_with_ignored_rows(
     torch.testing.assert_close(chunked[1], weight.grad)
 
 
+@pytest.mark.slow
+def test_chunked_loss_compiles_as_one_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.compile with the chunked loss: no graph break (fullgraph raises on one), the eager gradients."""
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "compile-cache"))
+    _, model = twin_models()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 33), generator=torch.Generator().manual_seed(4))
+    batch = (ids[:, :-1], ids[:, 1:])
+    (2 * torch.compile(chunked_next_token_loss, fullgraph=True)(model, batch)).backward()
+    compiled = [parameter.grad for parameter in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    (2 * chunked_next_token_loss(model, batch)).backward()
+    for grad, parameter in zip(compiled, model.parameters(), strict=True):
+        torch.testing.assert_close(grad, parameter.grad)
+    torch._dynamo.reset()
+
+
 def test_chunks_of_gpt2s_vocabulary_hold_a_multiple_of_the_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-2's 50,257 logits a token: 640 tokens a chunk (not 667), within the logits' budget."""
     tokens = chunked_loss._chunk_tokens(50257)

@@ -119,7 +119,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[no-untyped-def, override]
         grad_hidden, grad_weight = ctx.saved_tensors
-        if grad_output.item() == 1.0:  # the usual loss.backward(): no (vocab, emb) copy to scale by 1
+        # The usual loss.backward() passes 1: no (vocab, emb) copy to scale by it. Compiled code
+        # scales always, since reading the value would break torch.compile's graph.
+        if not torch.compiler.is_compiling() and grad_output.item() == 1.0:
             return grad_hidden, grad_weight, None
         return grad_hidden * grad_output, grad_weight * grad_output, None
 
