@@ -9,9 +9,10 @@ tokens, greedily, in three ways:
   weight copies), and the same with the book's kernels;
 - ours with bf16 weights (an inference precision, where bf16 is fast or with
   --bf16-weights on): the same weights cast to bf16, its tokens compared with
-  transformers' fp32 ones, and its quality line: on QUALITY_PROMPTS fixed random prompts, in how many the first
-  QUALITY_TOKENS greedy tokens equal the fp32 model's, and the largest logit
-  difference at the prompts' last positions relative to the fp32 logits' spread;
+  transformers' fp32 ones, and its quality line: on QUALITY_PROMPTS fixed
+  random prompts, in how many the first QUALITY_TOKENS greedy tokens equal the
+  fp32 model's, and the largest logit difference at the prompts' last
+  positions relative to the fp32 logits' spread;
 - transformers: `GPT2LMHeadModel.generate(do_sample=False, use_cache=True)` on
   the same weights (converted by gptlab.hf_gpt2), never stopping at end-of-text;
 - the book: chapter 5's `generate_text_simple`, which reruns the whole sequence
