@@ -728,7 +728,7 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     monkeypatch.setattr(
         smoke,
         "prepare_workspace",
-        lambda project, workdir, source: real_run(["git", "init", "-q", str(workdir)]),
+        lambda project, workdir, source, fresh: real_run(["git", "init", "-q", str(workdir)]),
     )
     smoke.run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / "ws")
     head = real_run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)

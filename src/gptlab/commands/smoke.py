@@ -22,6 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline", type=Path, default=DEFAULT_BASELINE, help="metrics baseline (default: %(default)s)"
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="replace the workspace even if it holds work made after its last smoke run "
+        "(DVC experiments, a tracking store, edited files)",
+    )
     parser.add_argument("--no-check", action="store_true", help="run only; skip the metrics check")
 
 
@@ -30,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if not (project / "dvc.yaml").is_file():
         raise FileNotFoundError("dvc.yaml not found: run `gptlab smoke` from the project root")
     workdir = args.workdir or project / ".gptlab" / args.profile.stem
-    reports = run_profile(project, args.profile, workdir)
+    reports = run_profile(project, args.profile, workdir, fresh=args.fresh)
     print(f"\nSmoke run finished: outputs in {workdir}, metrics in {reports}")
     if args.no_check:
         return 0
