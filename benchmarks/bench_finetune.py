@@ -173,8 +173,8 @@ def stage_process(stage: str, params: Path, report: Path) -> None:
     The stage runs unchanged: the shared loop's result (steps, evaluations, seconds by phase)
     and the answers are recorded on their way back to it.
     """
-    from gptlab import training_stage
-    from gptlab.stage import stage_main
+    from gptlab.pipeline import training_stage
+    from gptlab.pipeline.stage import stage_main
 
     module = importlib.import_module(f"stages.{STAGES[stage]}")
     recorded: dict[str, Any] = {}

@@ -38,11 +38,11 @@ from collections.abc import Callable
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gptlab.architecture import ModelConfig
-from gptlab.generate import generate
-from gptlab.hf_gpt2 import gptlab_to_hf, hf_config
-from gptlab.model import GPTModel
-from gptlab.runtime import bf16_is_fast
+from gptlab.model.config import ModelConfig
+from gptlab.model.generate import generate
+from gptlab.model.gpt import GPTModel
+from gptlab.model.hf_gpt2 import gptlab_to_hf, hf_config
+from gptlab.training.runtime import bf16_is_fast
 
 PROMPT = [6109, 3626, 6100, 345]  # "Every effort moves you"
 QUALITY_PROMPTS, QUALITY_TOKENS = 16, 20

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_train_step import FAST_PROFILE, step_flops
-from gptlab.chunked_loss import language_model_loss
-from gptlab.config import PARAMS_FILE
-from gptlab.datasets.verdict import GPTDatasetV1, encode, split_text
-from gptlab.model import GPTModel
-from gptlab.profiles import profile_params
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.train import fit
+from gptlab.data.verdict import GPTDatasetV1, encode, split_text
+from gptlab.experiments.profiles import profile_params
+from gptlab.model.gpt import GPTModel
+from gptlab.model.tokenizer import gpt2_tokenizer
+from gptlab.pipeline.params import PARAMS_FILE
+from gptlab.training.chunked_loss import language_model_loss
+from gptlab.training.loop import fit
 
 
 def main() -> None:

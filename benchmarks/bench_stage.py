@@ -40,8 +40,8 @@ from typing import Any
 
 import yaml
 
-from gptlab.memory import keep_freed_memory
-from gptlab.smoke import prepare_workspace, source_commit_env
+from gptlab.experiments.smoke import prepare_workspace, source_commit_env
+from gptlab.pipeline.memory import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("book", "book-kept", "default", "fast")
@@ -129,10 +129,10 @@ def book_loop(params_file: Path) -> dict[str, Any]:
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    from gptlab.config import load_params
-    from gptlab.datasets.verdict import GPTDatasetV1
-    from gptlab.model import GPTModel
-    from gptlab.tokenizer import load_tokenizer
+    from gptlab.data.verdict import GPTDatasetV1
+    from gptlab.model.gpt import GPTModel
+    from gptlab.model.tokenizer import load_tokenizer
+    from gptlab.pipeline.params import load_params
 
     params = load_params(params_file)
     cfg = params.pretrain

@@ -46,16 +46,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptlab.architecture import ModelConfig
-from gptlab.chunked_loss import language_model_loss
-from gptlab.compilation import CompiledOrEager
-from gptlab.config import PARAMS_FILE, TrainConfig, load_params
-from gptlab.losses import next_token_loss
-from gptlab.memory import keep_freed_memory
-from gptlab.model import GPTModel
-from gptlab.profiles import profile_params
-from gptlab.runtime import autocast, bf16_is_fast, use_precision
-from gptlab.train import make_adamw
+from gptlab.experiments.profiles import profile_params
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPTModel
+from gptlab.pipeline.memory import keep_freed_memory
+from gptlab.pipeline.params import PARAMS_FILE, load_params
+from gptlab.training.chunked_loss import language_model_loss
+from gptlab.training.compilation import CompiledOrEager
+from gptlab.training.config import TrainConfig
+from gptlab.training.loop import make_adamw
+from gptlab.training.losses import next_token_loss
+from gptlab.training.runtime import autocast, bf16_is_fast, use_precision
 
 FAST_PROFILE = Path("profiles/fast.yaml")
 Step = Callable[[], float]

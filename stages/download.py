@@ -7,17 +7,18 @@ Offline: set GPTLAB_MIRROR to a folder of the pinned files (`gptlab mirror DIR` 
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
 import dataclasses
 from pathlib import Path
 
-from gptlab.config import Params, SourceFile
-from gptlab.fetch import fetch, mirror_dir, safe_relative_path
-from gptlab.tracking import stage_run
-from gptlab.typed_config import flatten
+from gptlab.data.config import SourceFile
+from gptlab.data.fetch import fetch, mirror_dir, safe_relative_path
+from gptlab.pipeline.params import Params
+from gptlab.schema import flatten
+from gptlab.tracking.runs import stage_run
 
 
 def run(params: Params) -> None:

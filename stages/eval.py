@@ -11,7 +11,7 @@ model, so the two sit side by side in the UI.
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -19,17 +19,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.checkpoint import load_model
-from gptlab.config import Params
-from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split
+from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split
 from gptlab.files import write_json
-from gptlab.generate import generate_text
-from gptlab.losses import dataset_loss, perplexity
+from gptlab.model.checkpoint import load_model
+from gptlab.model.generate import generate_text
+from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
-from gptlab.runtime import resolve_device
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import section, stage_run
-from gptlab.typed_config import flatten
+from gptlab.pipeline.params import Params
+from gptlab.schema import flatten
+from gptlab.tracking.runs import section, stage_run
+from gptlab.training.losses import dataset_loss, perplexity
+from gptlab.training.runtime import resolve_device
 
 STAGE = "eval"
 REPORT_DIR = REPORTS / "eval"

@@ -17,7 +17,7 @@ load-gpt2 run that wrote its base model.
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -35,10 +35,7 @@ from typing import Any
 import tiktoken
 import torch
 
-from gptlab.checkpoint import load_model, read_config
-from gptlab.chunked_loss import language_model_loss
-from gptlab.config import InstructConfig, Params
-from gptlab.datasets.instruct import (
+from gptlab.data.instruct import (
     SPLITS,
     SUBDIR,
     InstructionDataset,
@@ -48,18 +45,22 @@ from gptlab.datasets.instruct import (
 )
 from gptlab.errors import InputError
 from gptlab.files import write_json
-from gptlab.judge import check_judge, judge_all, summarize
-from gptlab.lora import add_lora, has_lora, merge_lora
-from gptlab.losses import dataset_loss
-from gptlab.model import GPTModel
+from gptlab.model.checkpoint import load_model, read_config
+from gptlab.model.gpt import GPTModel
+from gptlab.model.lora import add_lora, has_lora, merge_lora
+from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
-from gptlab.responses import answer_room, generate_responses, prompt_ids, rouge_l
-from gptlab.runtime import inference_dtype
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import StageRun
-from gptlab.train import TrainResult, require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
-from gptlab.typed_config import flatten
+from gptlab.pipeline.params import Params
+from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
+from gptlab.schema import flatten
+from gptlab.tasks.config import InstructConfig
+from gptlab.tasks.judge import check_judge, judge_all, summarize
+from gptlab.tasks.responses import answer_room, generate_responses, prompt_ids, rouge_l
+from gptlab.tracking.runs import StageRun
+from gptlab.training.chunked_loss import language_model_loss
+from gptlab.training.loop import TrainResult, require_one_batch
+from gptlab.training.losses import dataset_loss
+from gptlab.training.runtime import inference_dtype
 
 STAGE = "instruct-finetune"
 REPORT_DIR = REPORTS / "instruct"

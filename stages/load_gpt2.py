@@ -26,7 +26,7 @@ each checkpoint's metadata names its own load-gpt2 run, for the fine-tunes to li
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -35,23 +35,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.checkpoint import WEIGHTS_FILE, cpu_weights, load_model, read_config, save_weights
-from gptlab.config import Params
-from gptlab.datasets.verdict import SPLITS, SUBDIR, GPTDatasetV1, load_split
+from gptlab.data.fetch import mirror_dir, sha256_file
+from gptlab.data.hub_weights import resolve_weights, weights_url
+from gptlab.data.inputs import WEIGHTS_SUBDIR
+from gptlab.data.verdict import SPLITS, SUBDIR, GPTDatasetV1, load_split
 from gptlab.errors import InputError
-from gptlab.fetch import mirror_dir, sha256_file
 from gptlab.files import write_json
-from gptlab.generate import generate_text
-from gptlab.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
-from gptlab.hub_weights import resolve_weights, weights_url
-from gptlab.inputs import WEIGHTS_SUBDIR
-from gptlab.losses import dataset_loss, perplexity
-from gptlab.model import GPTModel
+from gptlab.model.checkpoint import WEIGHTS_FILE, cpu_weights, load_model, read_config, save_weights
+from gptlab.model.generate import generate_text
+from gptlab.model.gpt import GPTModel
+from gptlab.model.hf_gpt2 import load_hf_weights, roundtrip_checkpoint
+from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, PRETRAIN_MODEL, REPORTS
-from gptlab.runtime import resolve_device
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import section, stage_run
-from gptlab.typed_config import ConfigError, flatten
+from gptlab.pipeline.params import Params
+from gptlab.schema import ConfigError, flatten
+from gptlab.tracking.runs import section, stage_run
+from gptlab.training.losses import dataset_loss, perplexity
+from gptlab.training.runtime import resolve_device
 
 REPORT_DIR = REPORTS / "load-gpt2"
 

@@ -11,7 +11,7 @@ Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and w
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -23,22 +23,23 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gptlab.chunked_loss import language_model_loss
-from gptlab.config import Params, TrainConfig
-from gptlab.datasets.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
+from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.files import write_figure
-from gptlab.generate import generate_text
-from gptlab.losses import LossFn, dataset_loss, perplexity
-from gptlab.model import GPTModel
+from gptlab.model.generate import generate_text
+from gptlab.model.gpt import GPTModel
+from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
-from gptlab.plots import plot_losses
-from gptlab.runtime import resolve_device
-from gptlab.timing import LapClock
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import section
-from gptlab.train import require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, loss_table, training_run
-from gptlab.typed_config import flatten
+from gptlab.pipeline.params import Params
+from gptlab.pipeline.plots import plot_losses
+from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
+from gptlab.schema import flatten
+from gptlab.tracking.runs import section
+from gptlab.training.chunked_loss import language_model_loss
+from gptlab.training.config import TrainConfig
+from gptlab.training.loop import require_one_batch
+from gptlab.training.losses import LossFn, dataset_loss, perplexity
+from gptlab.training.runtime import resolve_device
+from gptlab.training.timing import LapClock
 
 STAGE = "pretrain"
 REPORT_DIR = REPORTS / "pretrain"

@@ -17,7 +17,7 @@ its base model.
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -29,8 +29,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from gptlab.checkpoint import load_model, read_config
-from gptlab.classifier import (
+from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset
+from gptlab.errors import InputError
+from gptlab.files import write_csv, write_figure
+from gptlab.model.checkpoint import load_model, read_config
+from gptlab.model.gpt import GPTModel
+from gptlab.model.lora import add_lora, has_lora, merge_lora
+from gptlab.model.tokenizer import gpt2_tokenizer
+from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
+from gptlab.pipeline.params import Params
+from gptlab.pipeline.plots import plot_confusion_matrix
+from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
+from gptlab.schema import flatten
+from gptlab.tasks.classifier import (
     CLASS_NAMES,
     accuracy,
     classification_loss,
@@ -39,21 +50,11 @@ from gptlab.classifier import (
     make_classifier,
     predict,
 )
-from gptlab.config import Params, SpamConfig
-from gptlab.data_order import evaluation_loader
-from gptlab.datasets.spam import SPLITS, SUBDIR, SpamDataset
-from gptlab.errors import InputError
-from gptlab.files import write_csv, write_figure
-from gptlab.lora import add_lora, has_lora, merge_lora
-from gptlab.model import GPTModel
-from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
-from gptlab.plots import plot_confusion_matrix
-from gptlab.runtime import ordered_loader, resolve_device
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import StageRun, section
-from gptlab.train import TrainResult, require_one_batch
-from gptlab.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
-from gptlab.typed_config import flatten
+from gptlab.tasks.config import SpamConfig
+from gptlab.tracking.runs import StageRun, section
+from gptlab.training.data_order import evaluation_loader
+from gptlab.training.loop import TrainResult, require_one_batch
+from gptlab.training.runtime import ordered_loader, resolve_device
 
 STAGE = "spam-finetune"
 REPORT_DIR = REPORTS / "spam"

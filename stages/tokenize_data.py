@@ -13,7 +13,7 @@ import path, and a stages/tokenize.py would shadow the standard library's.)
 
 from __future__ import annotations
 
-from gptlab.stage import answer_arguments_first, stage_main
+from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
@@ -22,13 +22,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.config import Params
-from gptlab.datasets import instruct, spam, verdict
+from gptlab.data import instruct, spam, verdict
 from gptlab.files import write_json
+from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
-from gptlab.tokenizer import gpt2_tokenizer
-from gptlab.tracking import stage_run
-from gptlab.typed_config import flatten
+from gptlab.pipeline.params import Params
+from gptlab.schema import flatten
+from gptlab.tracking.runs import stage_run
 
 REPORT = REPORTS / "tokenize" / "counts.json"
 

@@ -21,7 +21,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(shared_data: Path):
-    from gptlab.tokenizer import load_tokenizer
+    from gptlab.model.tokenizer import load_tokenizer
 
     return load_tokenizer(shared_data)
 

@@ -20,9 +20,11 @@ import platformdirs
 import pytest
 import yaml
 
-from gptlab.config import CheckpointConfig, Params, Sources, TrainConfig, load_params
-from gptlab.fetch import MIRROR_ENV, FetchError, mirror_dir
-from gptlab.inputs import data_inputs, fetch_input
+from gptlab.data.config import Sources
+from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
+from gptlab.data.inputs import data_inputs, fetch_input
+from gptlab.pipeline.params import Params, load_params
+from gptlab.training.config import CheckpointConfig, TrainConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Where the tests keep the pipeline's inputs between runs (default: the platform's per-user cache).

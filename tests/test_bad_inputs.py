@@ -21,18 +21,18 @@ import pytest
 import torch
 import yaml
 
-from gptlab import cli
-from gptlab.architecture import ModelConfig
-from gptlab.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
-from gptlab.config import JudgeConfig
-from gptlab.datasets import spam, verdict
-from gptlab.datasets.instruct import PREAMBLE, format_input
+from gptlab.cli.main import main
+from gptlab.data import spam, verdict
+from gptlab.data.instruct import PREAMBLE, format_input
 from gptlab.errors import GptlabError
-from gptlab.hf_gpt2 import load_hf_folder
-from gptlab.metrics_check import load_baseline
-from gptlab.model import GPTModel
-from gptlab.sweep import sweep_path
-from gptlab.typed_config import ConfigError, build
+from gptlab.experiments.metrics_check import load_baseline
+from gptlab.experiments.sweep import sweep_path
+from gptlab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPTModel
+from gptlab.model.hf_gpt2 import load_hf_folder
+from gptlab.schema import ConfigError, build
+from gptlab.tasks.config import JudgeConfig
 
 from helpers import PROJECT_ROOT
 
@@ -115,7 +115,7 @@ def test_export_refuses_and_writes_nothing(
     before = snapshot(tmp_path)
 
     argv = ["export", str(checkpoint), str(out)] + (["--force"] if force else [])
-    assert cli.main(argv) == 2
+    assert main(argv) == 2
 
     line = one_line_error(capsys, "export")
     assert message in line and str(out) in line
@@ -127,10 +127,10 @@ def test_export_into_non_empty_folder_with_force_replaces_it(
     tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = _non_empty(tmp_path, checkpoint)
-    assert cli.main(["export", str(checkpoint), str(out)]) == 2
+    assert main(["export", str(checkpoint), str(out)]) == 2
     assert "--force" in one_line_error(capsys, "export")
 
-    assert cli.main(["export", str(checkpoint), str(out), "--force"]) == 0
+    assert main(["export", str(checkpoint), str(out), "--force"]) == 0
     assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     assert load_hf_folder(out).cfg.emb_dim == TINY.emb_dim
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "notes"]  # no temp or backup folder
@@ -138,8 +138,8 @@ def test_export_into_non_empty_folder_with_force_replaces_it(
 
 def test_export_into_empty_or_new_folder_is_fine(tmp_path: Path, checkpoint: Path) -> None:
     (tmp_path / "empty").mkdir()
-    assert cli.main(["export", str(checkpoint), str(tmp_path / "empty")]) == 0
-    assert cli.main(["export", str(checkpoint), str(tmp_path / "new" / "deeper")]) == 0
+    assert main(["export", str(checkpoint), str(tmp_path / "empty")]) == 0
+    assert main(["export", str(checkpoint), str(tmp_path / "new" / "deeper")]) == 0
     assert snapshot(tmp_path / "empty") == snapshot(tmp_path / "new" / "deeper")
 
 
@@ -152,9 +152,9 @@ def test_export_failure_midway_leaves_the_old_folder(
     def broken_save(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("disk full, say")
 
-    monkeypatch.setattr("gptlab.hf_gpt2.save_file", broken_save)
+    monkeypatch.setattr("gptlab.model.hf_gpt2.save_file", broken_save)
     with pytest.raises(RuntimeError, match="disk full"):
-        cli.main(["export", str(checkpoint), str(out), "--force"])
+        main(["export", str(checkpoint), str(out), "--force"])
     assert snapshot(tmp_path) == before
 
 
@@ -172,7 +172,7 @@ def test_export_into_unwritable_folder_names_it(
         real_mkdir(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", mkdir)
-    assert cli.main(["export", str(checkpoint), str(out)]) == 2
+    assert main(["export", str(checkpoint), str(out)]) == 2
     line = one_line_error(capsys, "export")
     assert str(out) in line and "Permission denied" in line
     assert list(locked.iterdir()) == []
@@ -184,7 +184,7 @@ def test_export_into_an_unwritable_place_names_it(
     # A parent that is a file cannot hold a folder, whoever runs the test (root ignores chmod 0o555).
     locked = tmp_path / "locked"
     locked.write_text("a file, not a folder")
-    assert cli.main(["export", str(checkpoint), str(locked / "hf")]) == 2
+    assert main(["export", str(checkpoint), str(locked / "hf")]) == 2
     assert str(locked) in one_line_error(capsys, "export")
     assert locked.read_text() == "a file, not a folder"  # nothing written
 
@@ -235,7 +235,7 @@ def test_malformed_baseline_cannot_be_checked(
     reports = write_reports(tmp_path)
     before = snapshot(tmp_path)
 
-    assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    assert main(["metrics", action, "--baseline", str(baseline), "--reports", str(reports)]) == 2
 
     line = one_line_error(capsys, "metrics")
     assert str(baseline) in line and message in line
@@ -247,14 +247,14 @@ def test_missing_baseline_or_reports_cannot_be_checked(
 ) -> None:
     baseline = tmp_path / "baseline.yaml"
     reports = write_reports(tmp_path)
-    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
     line = one_line_error(capsys, "metrics")
     assert str(baseline) in line and f"gptlab metrics update-baseline --baseline {baseline}" in line
 
     baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
     for action in ("check", "update-baseline"):
         nowhere = tmp_path / "nowhere"
-        assert cli.main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
+        assert main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
         assert f"reports folder {nowhere} not found" in one_line_error(capsys, "metrics")
     assert baseline.read_text() == yaml.safe_dump(GOOD_BASELINE)
 
@@ -266,7 +266,7 @@ def test_unreadable_metrics_file_cannot_be_checked(
     baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
     reports = write_reports(tmp_path)
     (reports / "pretrain" / "metrics.json").write_text('{"val_loss": 5.')
-    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
     line = one_line_error(capsys, "metrics")
     assert str(reports / "pretrain" / "metrics.json") in line and "not valid JSON" in line
 
@@ -275,10 +275,10 @@ def test_regression_and_missing_metric_exit_1(tmp_path: Path, capsys: pytest.Cap
     baseline = tmp_path / "baseline.yaml"
     baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
     reports = write_reports(tmp_path, val_loss=7.0)
-    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
     assert "regressed" in capsys.readouterr().out
     (reports / "pretrain" / "metrics.json").unlink()
-    assert cli.main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
     assert "missing" in capsys.readouterr().out
 
 
@@ -286,7 +286,7 @@ def test_update_baseline_creates_a_new_baseline(tmp_path: Path, capsys: pytest.C
     reports = write_reports(tmp_path)
     new = tmp_path / "baselines" / "new.yaml"
 
-    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 0
+    assert main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 0
     assert f"created {new}" in capsys.readouterr().out
 
     guards = load_baseline(new)
@@ -298,7 +298,7 @@ def test_update_baseline_creates_a_new_baseline(tmp_path: Path, capsys: pytest.C
     assert (accuracy.baseline, accuracy.direction, accuracy.tolerance) == (0.9, "higher", 0.03)
     assert set(guards["eval/metrics.json"]) == {"val_loss"}  # an infinite perplexity cannot be a baseline
     assert new.read_text().startswith("#")  # says how it was made and how to update it
-    assert cli.main(["metrics", "check", "--baseline", str(new), "--reports", str(reports)]) == 0
+    assert main(["metrics", "check", "--baseline", str(new), "--reports", str(reports)]) == 0
 
 
 def test_update_baseline_without_any_metric_writes_nothing(
@@ -307,15 +307,15 @@ def test_update_baseline_without_any_metric_writes_nothing(
     reports = tmp_path / "reports"
     reports.mkdir()
     new = tmp_path / "new.yaml"
-    assert cli.main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 2
+    assert main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 2
     line = one_line_error(capsys, "metrics")
     assert str(reports) in line and "update-baseline" not in line
     assert not new.exists()
 
 
 def test_smoke_command_uses_the_check_of_metrics_check() -> None:
-    import gptlab.commands.smoke as smoke_command
-    import gptlab.metrics_check as metrics_check
+    import gptlab.cli.smoke as smoke_command
+    import gptlab.experiments.metrics_check as metrics_check
 
     assert smoke_command.check is metrics_check.check
 
@@ -405,7 +405,7 @@ def test_classify_non_utf8_file_names_file_and_line(
 
         monkeypatch.setattr("sys.stdin", Stdin)
     source = "-" if via_stdin else str(messages)
-    assert cli.main(["classify", "--file", source, "--model", str(checkpoint)]) == 2
+    assert main(["classify", "--file", source, "--model", str(checkpoint)]) == 2
     line = one_line_error(capsys, "classify")
     assert ("<stdin>" if via_stdin else str(messages)) in line
     assert "line 4" in line and "UTF-8" in line
@@ -414,7 +414,7 @@ def test_classify_non_utf8_file_names_file_and_line(
 def test_classify_reads_utf8_lines_from_a_file_or_stdin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gptlab.commands.classify import _read_texts
+    from gptlab.cli.classify import _read_texts
 
     messages = tmp_path / "messages.txt"
     messages.write_text("voilà\r\n\nfree prize 😀\n", encoding="utf-8")
@@ -497,7 +497,7 @@ def judge_config(url: str, **extra: Any) -> JudgeConfig:
 def test_judge_refuses_redirects(
     servers: tuple[Recorder, Recorder], monkeypatch: pytest.MonkeyPatch, with_key: bool
 ) -> None:
-    from gptlab.judge import API_KEY_ENV, JudgeError, check_judge, judge_one
+    from gptlab.tasks.judge import API_KEY_ENV, JudgeError, check_judge, judge_one
 
     judge, elsewhere = servers
     if with_key:
@@ -532,8 +532,8 @@ def test_judge_refuses_redirects(
 def test_judge_key_never_goes_over_plain_http_to_other_hosts(
     monkeypatch: pytest.MonkeyPatch, url: str, allowed: bool
 ) -> None:
-    from gptlab import judge
-    from gptlab.judge import API_KEY_ENV, JudgeError, check_judge
+    from gptlab.tasks import judge
+    from gptlab.tasks.judge import API_KEY_ENV, JudgeError, check_judge
 
     sent: list[str] = []
 
@@ -596,21 +596,21 @@ def chat_model(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def generate_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, int]]:
-    import gptlab.responses
+    import gptlab.tasks.responses
 
     calls: list[tuple[torch.Tensor, int]] = []
-    real = gptlab.responses.generate
+    real = gptlab.tasks.responses.generate
 
     def spy(model: GPTModel, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
         calls.append((idx.clone(), max_new_tokens))
         return real(model, idx, max_new_tokens, **kwargs)
 
-    monkeypatch.setattr(gptlab.responses, "generate", spy)
+    monkeypatch.setattr(gptlab.tasks.responses, "generate", spy)
     return calls
 
 
 def chat(model: Path, shared_data: Path, *args: str) -> int:
-    return cli.main(["chat", *args, "--model", str(model), "--raw-dir", str(shared_data)])
+    return main(["chat", *args, "--model", str(model), "--raw-dir", str(shared_data)])
 
 
 def test_chat_long_input_is_cropped_not_the_instruction(
@@ -688,7 +688,7 @@ def test_chat_instruction_longer_than_context_is_refused(
     ids=["multi-byte", "one-long-word", "special-token", "fake-headers"],
 )
 def test_fit_to_context_crops_only_the_input(tokenizer: Any, long_input: str) -> None:
-    from gptlab.responses import fit_to_context
+    from gptlab.tasks.responses import fit_to_context
 
     entry = {"instruction": "Summarize the text.", "input": long_input, "output": ""}
     fitted = fit_to_context(tokenizer, entry, context_length=CHAT_CONTEXT, max_new_tokens=10)
@@ -710,7 +710,7 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
 ) -> None:
     import subprocess
 
-    import gptlab.smoke as smoke
+    import gptlab.experiments.smoke as smoke
 
     profile = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
     assert profile["tracking"]["experiment"] == "gptlab-smoke"
@@ -754,7 +754,7 @@ def _damage_tensor(folder: Path, name: str, value: float) -> None:
 
 @pytest.fixture
 def classifier(tmp_path: Path) -> Path:
-    from gptlab.classifier import make_classifier
+    from gptlab.tasks.classifier import make_classifier
 
     torch.manual_seed(0)
     model = make_classifier(GPTModel(TINY), 2, trainable="head", trainable_blocks=1, seed=123).eval()
@@ -767,13 +767,13 @@ def test_classify_and_chat_refuse_weights_holding_nan_or_inf(
     classifier: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], value: float
 ) -> None:
     _damage_tensor(classifier, "final_norm.scale", value)
-    assert cli.main(["classify", "--model", str(classifier), "You won a free prize"]) == 2
+    assert main(["classify", "--model", str(classifier), "You won a free prize"]) == 2
     line = one_line_error(capsys, "classify")
     assert str(classifier / WEIGHTS_FILE) in line and "final_norm.scale" in line
     assert "NaN or infinite" in line
     assert capsys.readouterr().out == ""  # no label printed
     _damage_tensor(checkpoint, "tok_emb.weight", value)
-    assert cli.main(["chat", "--model", str(checkpoint), "--max-new-tokens", "2", "Say hi"]) == 2
+    assert main(["chat", "--model", str(checkpoint), "--max-new-tokens", "2", "Say hi"]) == 2
     line = one_line_error(capsys, "chat")
     assert str(checkpoint / WEIGHTS_FILE) in line and "tok_emb.weight" in line
 
@@ -787,12 +787,12 @@ def test_a_checkpoint_config_beyond_the_caps_is_refused_before_the_model_is_buil
         (checkpoint / CONFIG_FILE).write_text(
             json.dumps({**config, "model": {**config["model"], key: value}})
         )
-        assert cli.main(["classify", "--model", str(checkpoint), "hello"]) == 2
+        assert main(["classify", "--model", str(checkpoint), "hello"]) == 2
         line = one_line_error(capsys, "classify")
         assert str(checkpoint / CONFIG_FILE) in line and f"model.{key}: expected 1 to " in line
     many = {**config["model"], "emb_dim": 8192, "n_heads": 8, "n_layers": 256, "vocab_size": 50257}
     (checkpoint / CONFIG_FILE).write_text(json.dumps({**config, "model": many}))
-    assert cli.main(["classify", "--model", str(checkpoint), "hello"]) == 2
+    assert main(["classify", "--model", str(checkpoint), "hello"]) == 2
     assert "parameters, over the cap of 4,000,000,000" in one_line_error(capsys, "classify")
 
 
@@ -801,24 +801,24 @@ def test_a_folder_given_for_a_file_is_named_as_a_folder(
 ) -> None:
     folder = tmp_path / "messages"
     folder.mkdir()
-    assert cli.main(["classify", "--file", str(folder), "--model", str(checkpoint)]) == 2
+    assert main(["classify", "--file", str(folder), "--model", str(checkpoint)]) == 2
     assert (
         one_line_error(capsys, "classify") == f"gptlab classify: --file {folder}: is a directory, not a file"
     )
     weights = checkpoint / WEIGHTS_FILE
-    assert cli.main(["chat", "--model", str(weights), "Say hi"]) == 2
+    assert main(["chat", "--model", str(weights), "Say hi"]) == 2
     assert one_line_error(capsys, "chat").startswith(
         f"gptlab chat: --model {weights}: is a file, not a checkpoint"
     )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
-    assert cli.main(["run", "--profile", str(folder)]) == 2
+    assert main(["run", "--profile", str(folder)]) == 2
     assert one_line_error(capsys, "run") == f"gptlab run: profile {folder}: is a directory, not a file"
     with pytest.raises(
         IsADirectoryError, match=re.escape(f"sweep file {folder}: is a directory, not a file")
     ):
         sweep_path(folder)
-    assert cli.main(["metrics", "check", "--baseline", str(folder)]) == 2
+    assert main(["metrics", "check", "--baseline", str(folder)]) == 2
     assert (
         one_line_error(capsys, "metrics")
         == f"gptlab metrics: baseline {folder}: is a directory, not a baseline file"

@@ -1,0 +1,1 @@
+"""The book layer: the reproduction report, the book's figures and its chapter demos."""

@@ -1,0 +1,695 @@
+"""The book's printed figures beside ours: the reproduction report, reports/REPRODUCTION.md.
+
+The figures live in data, reproduction/book.yaml: each names where the book
+prints it, the book's value, a tolerance with its reason, and where our value
+comes from: a key of a stage's JSON report, a row of one of its CSV curves, or
+a figure computed live from our code (parameter counts, LoRA's trainable
+count, the untrained model's greedy tokens, The Verdict's token count). The
+report marks each figure ✓ (within tolerance), ✗ (outside it) or "not run" with
+the reason: the stage has not run, it does not report that value, or the figure
+needs OpenAI's weights and the run used `gpt2.source: pretrain`. A row of a
+sweep's table (reports/sweeps/<sweep>.csv, `gptlab sweep`) carries its own
+`gpt2.source`, which is what such a figure is checked against. Chapters are
+numbered; appendices are lettered ("E").
+
+`render_markdown()` returns the report's text (for MLflow); `write_report()`
+also writes it. Only the live chapter 2 and 4 figures import torch, and only
+when they are computed.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import inspect
+import json
+import math
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptlab.book.figures import LIVE
+from gptlab.book.figures.inputs import NotRun
+from gptlab.errors import InputError
+from gptlab.files import atomic_path, require_file
+from gptlab.paths import REPORTS
+from gptlab.schema import flatten, read_yaml
+
+BOOK_FILE = Path("reproduction/book.yaml")
+REPORT_NAME = "REPRODUCTION.md"
+
+OK, OFF, NOT_RUN = "✓", "✗", "not run"
+
+_FIGURE_KEYS = {
+    "id": True,
+    "chapter": True,
+    "description": True,
+    "where": True,
+    "book": True,
+    "tolerance": True,
+    "ours": False,
+    "needs": False,
+    "unit": False,
+}
+_TOLERANCE_KEYS = {"abs", "rel", "reason"}
+_OURS_KEYS = {"file", "key", "row", "column", "scale", "live", "args"}
+# The weights a `needs` row asks for are there only when load-gpt2 took OpenAI's checkpoints.
+_OPENAI_SOURCE = "huggingface"
+
+# A number, a text, or a printed tensor / list (nested lists of these); a list ending in `...` is a
+# printout cut short (only its printed part is compared).
+Value = Any
+
+
+# --------------------------------------------------------------------------- the data file
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    kind: str  # "abs" or "rel"
+    amount: float
+    reason: str
+
+    def allows(self, book: Value, ours: Value) -> bool:
+        """Numbers within the tolerance, texts and their structure exactly, lists element by element."""
+        if isinstance(book, list):
+            if not isinstance(ours, list):
+                return False
+            if book and book[-1] is Ellipsis:  # the printout stops here: compare what it shows
+                book, ours = book[:-1], ours[: len(book) - 1]
+            return len(book) == len(ours) and all(map(self.allows, book, ours))
+        if isinstance(book, str) or isinstance(ours, str | list) or ours is None:
+            return book == ours
+        if math.isnan(ours):
+            return False
+        limit = self.amount if self.kind == "abs" else self.amount * abs(book)
+        if isinstance(book, float):
+            # A hair of slack so that 9.7815 against 9.781 ± 0.0005 is not decided by float representation.
+            limit += 1e-9 * max(1.0, abs(book))
+        return abs(ours - book) <= limit
+
+    def describe(self, unit: str) -> str:
+        if self.amount == 0:
+            bound = "exact"
+        elif self.kind == "abs":
+            # A tolerance on a percentage is in percentage points.
+            bound = f"±{self.amount:g}" + (" points" if unit == "%" else f" {unit}" if unit else "")
+        else:
+            bound = f"±{self.amount * 100:g} % (relative)"
+        return f"{bound}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where our value of a figure comes from."""
+
+    file: str | None = None
+    keys: tuple[str, ...] = ()  # JSON keys; several are summed
+    row: Mapping[str, Any] = field(default_factory=dict)  # CSV: the row whose columns have these values
+    column: str | None = None
+    scale: float = 1.0
+    live: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        scale = f" × {self.scale:g}" if self.scale != 1 else ""
+        if self.live is not None:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
+            return f"computed live: {self.live}({args}){scale}"
+        if self.column is not None:
+            row = ", ".join(f"{k} {v}" for k, v in self.row.items())
+            return f"{self.file} at {row}, column {self.column}{scale}"
+        return f"{self.file}: {' + '.join(self.keys)}{scale}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    id: str
+    chapter: int | str  # a chapter number, or an appendix letter
+    description: str
+    where: str
+    book: Value
+    book_text: str  # as printed in the book (what the report shows)
+    tolerance: Tolerance
+    ours: Source | None
+    needs: str | None
+    unit: str
+
+
+@dataclass(frozen=True)
+class Book:
+    chapters: dict[int | str, str]
+    figures: list[Figure]
+
+
+def load_book(path: Path | str = BOOK_FILE) -> Book:
+    """The data file, checked: an unknown or missing key is an InputError naming the figure."""
+    path = Path(path)
+    require_file(
+        path, "a book figures file", f"book figures file {path} not found (the default is {BOOK_FILE})"
+    )
+    data = read_yaml(path)
+    if not isinstance(data, dict) or set(data) != {"chapters", "figures"}:
+        raise InputError(f"{path}: expected a mapping with exactly the keys `chapters` and `figures`")
+    chapters = data["chapters"]
+    if not isinstance(chapters, dict) or not all(
+        (isinstance(k, int) or (isinstance(k, str) and k.isalpha())) and isinstance(v, str)
+        for k, v in chapters.items()
+    ):
+        raise InputError(
+            f"{path}: chapters: expected a mapping of chapter number (or appendix letter) to title"
+        )
+    if not isinstance(data["figures"], list):
+        raise InputError(f"{path}: figures: expected a list")
+    figures: list[Figure] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(data["figures"], start=1):
+        name = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+        where = f"{path}: figure {name!r}" if name else f"{path}: figure #{index} (no id)"
+        figure = _figure(raw, chapters, where)
+        if figure.id in seen:
+            raise InputError(f"{where}: duplicate id")
+        seen.add(figure.id)
+        figures.append(figure)
+    return Book(chapters=dict(chapters), figures=figures)
+
+
+def _figure(raw: Any, chapters: Mapping[int | str, str], where: str) -> Figure:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    _check_keys(raw, _FIGURE_KEYS, where)
+    for key in ("id", "description", "where"):
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise InputError(f"{where}: {key}: expected a non-empty string")
+    if raw["chapter"] not in chapters:
+        raise InputError(f"{where}: chapter: {raw['chapter']!r} is not one of {_ordered(chapters)}")
+    book, book_text = _book_value(raw["book"], where)
+    tolerance = _tolerance(raw["tolerance"], where)
+    ours = _source(raw["ours"], f"{where}: ours") if "ours" in raw else None
+    needs = raw.get("needs")
+    if needs is not None and (not isinstance(needs, str) or not needs.strip()):
+        raise InputError(f"{where}: needs: expected a non-empty string")
+    if ours is None and needs is None:
+        raise InputError(f"{where}: missing key `ours` (where our value comes from) or `needs`")
+    unit = raw.get("unit", "")
+    if not isinstance(unit, str):
+        raise InputError(f"{where}: unit: expected a string")
+    return Figure(
+        id=raw["id"],
+        chapter=raw["chapter"],
+        description=raw["description"],
+        where=raw["where"],
+        book=book,
+        book_text=book_text,
+        tolerance=tolerance,
+        ours=ours,
+        needs=needs,
+        unit=unit,
+    )
+
+
+def _check_keys(raw: Mapping[str, Any], known: Mapping[str, bool] | set[str], where: str) -> None:
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; expected some of {sorted(known)}")
+    required = [key for key, needed in known.items() if needed] if isinstance(known, Mapping) else []
+    missing = [key for key in required if key not in raw]
+    if missing:
+        raise InputError(f"{where}: missing key {missing[0]!r}")
+
+
+_NUMBER = re.compile(r"-?\d{1,3}(,\d{3})+|-?\d+(\.\d+)?")
+
+
+def _book_value(raw: Any, where: str) -> tuple[Value, str]:
+    """The book's value and its printed form: "20,479" -> 20479, "45.00" -> 45.0 shown as 45.00,
+    "[[0.4419, 1.0000], ...]" -> a nested list shown as written, any other string -> that text."""
+    if isinstance(raw, bool):
+        raise InputError(f"{where}: book: expected a number, a text or a list, got {raw!r}")
+    if isinstance(raw, int | float):
+        return raw, f"{raw:,}" if isinstance(raw, int) else repr(raw)
+    if isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()):
+        text = raw.strip()
+        plain = text.replace(",", "")
+        return (float(plain) if "." in plain else int(plain)), text
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            raise InputError(
+                f"{where}: book: {raw!r} is not a printed list (Python literal syntax)"
+            ) from None
+        _check_list(value, where)
+        return value, raw.strip()
+    if isinstance(raw, str):
+        return raw, repr(raw)
+    if isinstance(raw, list) and raw:
+        _check_list(raw, where)
+        return list(raw), _list_text(raw)
+    raise InputError(f"{where}: book: expected a number, a text or a non-empty list, got {raw!r}")
+
+
+def _check_list(value: Any, where: str) -> None:
+    """Lists of numbers, texts and lists; `...` only as a list's last element."""
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{where}: book: expected a non-empty list, got {value!r}")
+    for index, item in enumerate(value):
+        if item is Ellipsis and index == len(value) - 1 and index > 0:
+            continue
+        if isinstance(item, list):
+            _check_list(item, where)
+        elif isinstance(item, bool) or not isinstance(item, int | float | str):
+            raise InputError(
+                f"{where}: book: {item!r} in a list: expected numbers, texts, lists or a final ..."
+            )
+
+
+def _list_text(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_list_text(item) for item in value) + "]"
+    return "..." if value is Ellipsis else repr(value) if isinstance(value, str) else str(value)
+
+
+def _tolerance(raw: Any, where: str) -> Tolerance:
+    where = f"{where}: tolerance"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping like {{abs: 0.001, reason: ...}}")
+    _check_keys(raw, _TOLERANCE_KEYS, where)
+    kinds = [kind for kind in ("abs", "rel") if kind in raw]
+    if len(kinds) != 1:
+        raise InputError(f"{where}: expected exactly one of `abs` and `rel`")
+    amount = raw[kinds[0]]
+    if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+        raise InputError(f"{where}: {kinds[0]}: expected a number >= 0, got {amount!r}")
+    reason = raw.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InputError(f"{where}: missing key 'reason' (why that much)")
+    return Tolerance(kinds[0], float(amount), reason.strip())
+
+
+def _source(raw: Any, where: str) -> Source:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping ({{file: ..., key: ...}} or {{live: ...}})")
+    _check_keys(raw, _OURS_KEYS, where)
+    scale = raw.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise InputError(f"{where}: scale: expected a number")
+    if "live" in raw:
+        extra = sorted(set(raw) - {"live", "args", "scale"})
+        if extra:
+            raise InputError(f"{where}: {extra[0]!r} does not go with `live`")
+        function = LIVE.get(raw["live"])
+        if function is None:
+            raise InputError(f"{where}: live: unknown figure {raw['live']!r}; known: {sorted(LIVE)}")
+        args = raw.get("args") or {}
+        if not isinstance(args, dict):
+            raise InputError(f"{where}: args: expected a mapping")
+        try:
+            inspect.signature(function).bind(None, **args)
+        except TypeError as exc:
+            raise InputError(f"{where}: args: {exc}") from None
+        return Source(live=raw["live"], args=args, scale=float(scale))
+    file = raw.get("file")
+    if not isinstance(file, str) or not file.endswith((".json", ".csv")):
+        raise InputError(f"{where}: file: expected a .json or .csv path under the reports folder")
+    if file.endswith(".json"):
+        keys = raw.get("key")
+        keys = [keys] if isinstance(keys, str) else keys
+        if not keys or not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+            raise InputError(f"{where}: key: expected a dotted key (or a list of keys, summed)")
+        if "row" in raw or "column" in raw:
+            raise InputError(f"{where}: `row` and `column` are for .csv files; a .json file takes `key`")
+        return Source(file=file, keys=tuple(keys), scale=float(scale))
+    row, column = raw.get("row"), raw.get("column")
+    if not isinstance(row, dict) or not row or not isinstance(column, str):
+        raise InputError(f"{where}: a .csv file takes `row` ({{column: value}}) and `column`")
+    if "key" in raw:
+        raise InputError(f"{where}: `key` is for .json files; a .csv file takes `row` and `column`")
+    return Source(file=file, row=row, column=column, scale=float(scale))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What is known about the run that wrote the reports folder (all of it optional)."""
+
+    reports_dir: Path
+    root: Path  # the project folder holding reports/ (and perhaps dvc.lock, params.yaml, .git)
+    params: dict[str, Any]  # flattened params the run used
+    params_origin: str | None  # "dvc.lock" or "params.yaml"
+    profile: str | None
+    commit: str | None
+
+    @property
+    def gpt2_source(self) -> str | None:
+        return self.params.get("gpt2.source")
+
+    def unknown_source(self) -> str:
+        """Why the run's gpt2.source is not known."""
+        if self.params_origin == "dvc.lock":
+            planned = _params_yaml(self.root).get("gpt2.source")
+            asks = f"; params.yaml asks for gpt2.source: {planned}" if planned else ""
+            return f"load-gpt2 has not run (no load-gpt2 stage in dvc.lock{asks})"
+        return "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
+
+    @classmethod
+    def of_reports(cls, reports_dir: Path) -> RunInfo:
+        root = reports_dir.resolve().parent
+        params, origin = _run_params(root)
+        commit = _git_commit(root, reports_dir.resolve() / REPORT_NAME)
+        return cls(reports_dir, root, params, origin, _matching_profile(root, params), commit)
+
+
+def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
+    """The params recorded in dvc.lock (what the stages ran with), else those in params.yaml."""
+    try:
+        lock = read_yaml(root / "dvc.lock")
+        params: dict[str, Any] = {}
+        for stage in (lock.get("stages") or {}).values():
+            params.update(flatten((stage.get("params") or {}).get("params.yaml") or {}))
+        if params:
+            return params, "dvc.lock"
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    params = _params_yaml(root)
+    return (params, "params.yaml") if (root / "params.yaml").is_file() else ({}, None)
+
+
+def _params_yaml(root: Path) -> dict[str, Any]:
+    try:
+        return flatten(read_yaml(root / "params.yaml") or {})
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _matching_profile(root: Path, params: Mapping[str, Any]) -> str | None:
+    """The profile in profiles/ whose every override the run's params hold, if exactly one."""
+    matches = []
+    for profile in sorted((root / "profiles").glob("*.yaml")):
+        try:
+            overrides = flatten(read_yaml(profile) or {})
+        except (OSError, yaml.YAMLError):
+            continue
+        known = {key: value for key, value in overrides.items() if key in params}
+        if known and all(params[key] == value for key, value in known.items()):
+            matches.append(profile.stem)
+    return matches[0] if len(matches) == 1 else None
+
+
+def _git_commit(root: Path, report: Path) -> str | None:
+    """The commit the reports were made from; "(uncommitted changes)" when tracked files other than
+    the report itself differ from it (the report is committed after it is made from a clean tree)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        # A `gptlab smoke` workspace names the project's commit in trailers (gptlab.smoke.commit_workspace).
+        source = git("log", "-1", "--format=%(trailers:key=Source-Commit,valueonly)")
+        if source:
+            dirty = git("log", "-1", "--format=%(trailers:key=Source-Dirty,valueonly)") == "true"
+            commit = source[:7]
+        else:
+            commit = git("rev-parse", "--short", "HEAD")
+            dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", f":!{report}"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit} (uncommitted changes)" if dirty else commit
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+@dataclass(frozen=True)
+class Outcome:
+    figure: Figure
+    ours: Value | None
+    status: str  # OK, OFF or NOT_RUN
+    reason: str = ""
+
+
+class _Reports:
+    """Reads (once each) the JSON and CSV files of a reports folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._cache: dict[str, Any] = {}
+
+    def _load(self, file: str) -> Any:
+        if file not in self._cache:
+            path = self.folder / file
+            if not path.is_file():
+                if file.startswith("sweeps/"):
+                    raise NotRun(
+                        f"sweep not run: no {file} in {self.folder.as_posix()}/ "
+                        f"(`gptlab sweep {Path(file).stem}` writes it)"
+                    )
+                raise NotRun(f"stage not run: no {file} in {self.folder.as_posix()}/")
+            text = path.read_text(encoding="utf-8")
+            self._cache[file] = (
+                json.loads(text) if file.endswith(".json") else list(csv.DictReader(text.splitlines()))
+            )
+        return self._cache[file]
+
+    def value(self, source: Source) -> Value:
+        assert source.file is not None, "a file source names its file"
+        if source.column is None:
+            total = sum(self._json_value(source.file, key) for key in source.keys)
+            return total * source.scale if source.scale != 1 else total
+        label = ", ".join(f"{k}={v}" for k, v in source.row.items())
+        cell = self.row(source).get(source.column)
+        if cell in (None, ""):
+            raise NotRun(f"{source.file} has no {source.column} at {label}")
+        return float(cell) * source.scale if source.scale != 1 else float(cell)
+
+    def row(self, source: Source) -> dict[str, str]:
+        """The first row of a CSV source's file whose columns hold the source's `row` values."""
+        assert source.file is not None and source.column is not None, "a CSV source"
+        rows = self._load(source.file)
+        matching = [row for row in rows if all(_same(row.get(k), v) for k, v in source.row.items())]
+        if not matching:
+            label = ", ".join(f"{k}={v}" for k, v in source.row.items())
+            raise NotRun(f"{source.file} has no row {label}")
+        return matching[0]
+
+    def _json_value(self, file: str, key: str) -> float:
+        value: Any = self._load(file)
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise NotRun(f"{file} has no key {key}")
+            value = value[part]
+        if value is None:
+            raise NotRun(f"{file} holds null for {key}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise NotRun(f"{file}: {key} is not a number")
+        return value
+
+
+def _same(cell: str | None, wanted: Any) -> bool:
+    if cell is None:
+        return False
+    try:
+        return float(cell) == float(wanted)
+    except (TypeError, ValueError):
+        return cell == str(wanted)
+
+
+def compare(book: Book, reports_dir: Path, run: RunInfo | None = None) -> list[Outcome]:
+    """Each figure's outcome, in the data file's order."""
+    run = run or RunInfo.of_reports(reports_dir)
+    reports = _Reports(reports_dir)
+    outcomes = []
+    for figure in book.figures:
+        try:
+            ours = _our_value(figure, reports, run)
+        except NotRun as exc:
+            outcomes.append(Outcome(figure, None, NOT_RUN, str(exc)))
+            continue
+        status = OK if figure.tolerance.allows(figure.book, ours) else OFF
+        outcomes.append(Outcome(figure, ours, status))
+    return outcomes
+
+
+def _our_value(figure: Figure, reports: _Reports, run: RunInfo) -> Value:
+    if figure.needs is not None:
+        gpt2_source, whose = run.gpt2_source, "this run's"
+        row = _row_if_any(figure.ours, reports)
+        if row is not None and row.get("gpt2.source"):  # a sweep's row: its own experiment's weights
+            gpt2_source, whose = row["gpt2.source"], f"{figure.ours.file}'s row"  # type: ignore[union-attr]
+        if gpt2_source != _OPENAI_SOURCE:
+            why = f"{whose} gpt2.source is {gpt2_source}" if gpt2_source else run.unknown_source()
+            raise NotRun(f"needs {figure.needs}; {why}")
+    source = figure.ours
+    if source is None:
+        raise NotRun(f"needs {figure.needs}")
+    if source.live is None:
+        return reports.value(source)
+    try:
+        value = LIVE[source.live](run, **source.args)
+    except InputError as exc:
+        raise InputError(f"figure {figure.id!r}: ours.args: {exc}") from None
+    return value * source.scale if source.scale != 1 and not isinstance(value, list) else value
+
+
+def _row_if_any(source: Source | None, reports: _Reports) -> dict[str, str] | None:
+    if source is None or source.column is None:
+        return None
+    try:
+        return reports.row(source)
+    except NotRun:
+        return None
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _ordered(chapters: Mapping[int | str, str]) -> list[int | str]:
+    """Chapters by number, then appendices by letter."""
+    return sorted(chapters, key=lambda c: (isinstance(c, str), str(c).zfill(3)))
+
+
+def _heading(chapter: int | str) -> str:
+    return f"Appendix {chapter}" if isinstance(chapter, str) else f"Chapter {chapter}"
+
+
+def _decimals(text: str) -> int:
+    """Decimals the book prints: the most any number in its printed form has."""
+    numbers = re.findall(r"\d[\d,]*(?:\.(\d+))?", text)
+    return max((len(decimals) for decimals in numbers), default=0)
+
+
+def _show(figure: Figure, value: Value | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list | str):
+        return _show_value(value, _decimals(figure.book_text) + 1, "e-" in figure.book_text)
+    if isinstance(figure.book, int) and float(value).is_integer():
+        return f"{int(value):,}"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    # One digit more than the book prints, so a near miss shows.
+    return f"{value:.{_decimals(figure.book_text) + 1}f}"
+
+
+def _show_value(value: Any, decimals: int, scientific: bool) -> str:
+    """Ours as the book prints it, floats with one digit more (a near miss shows)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_show_value(item, decimals, scientific) for item in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.{decimals}e}" if scientific else f"{value:.{decimals}f}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | str) -> str:
+    counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
+    lines = [
+        "# Reproduction report: the book's figures beside ours",
+        "",
+        f"Written by `gptlab report` from `{run.reports_dir.as_posix()}/` and the book's figures in "
+        f"`{Path(book_path).as_posix()}`.",
+        "",
+        f"- commit: {run.commit or 'unknown (not a git checkout)'}",
+        f"- params: {_describe_params(run)}",
+        f"- base models: {_describe_source(run)}",
+        "",
+        f"**{counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run** of {len(outcomes)} figures.",
+        "",
+        "How to read it: ✓ our value is within the tolerance of the book's, ✗ it is not, and "
+        "*not run* says why there is no value of ours (the stage has not run, it does not report that "
+        "figure, or the figure needs OpenAI's weights). Each tolerance says why it is that wide: "
+        "figures printed from a run on another device (the book's notebooks ran on Apple MPS / CUDA, "
+        "whose dropout draws differ from a CPU's) get the spread seen between devices; properties of "
+        "the code and the pinned data are exact. `ours from` names the report file and key each value "
+        "is read from.",
+    ]
+    for chapter in _ordered(book.chapters):
+        title = book.chapters[chapter]
+        rows = [o for o in outcomes if o.figure.chapter == chapter]
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"## {_heading(chapter)}: {title}",
+            "",
+            "| figure | where the book prints it | book | ours | tolerance | status | ours from |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for outcome in rows:
+            figure = outcome.figure
+            unit = f" {figure.unit}" if figure.unit else ""
+            ours = _show(figure, outcome.ours)
+            status = outcome.status if outcome.status != NOT_RUN else f"not run: {outcome.reason}"
+            source = figure.ours.describe() if figure.ours else "—"
+            cells = [
+                f"{figure.description} (`{figure.id}`)",
+                figure.where,
+                figure.book_text + unit,
+                ours + (unit if outcome.ours is not None else ""),
+                figure.tolerance.describe(figure.unit),
+                status,
+                source,
+            ]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _describe_params(run: RunInfo) -> str:
+    if run.params_origin is None:
+        return "unknown (no dvc.lock or params.yaml beside the reports)"
+    profile = (
+        f"the `{run.profile}` profile (profiles/{run.profile}.yaml)"
+        if run.profile
+        else "no profile's overrides (the params as committed, or hand-edited)"
+    )
+    return f"{profile}, as recorded in {run.params_origin}"
+
+
+def _describe_source(run: RunInfo) -> str:
+    source = run.gpt2_source
+    if source == _OPENAI_SOURCE:
+        return "OpenAI's GPT-2 weights (gpt2.source: huggingface): figures that need them are compared"
+    if source is None:
+        return f"{run.unknown_source()}: figures that need OpenAI's weights are not compared"
+    return f"gpt2.source: {source}, not OpenAI's weights: figures that need them are not compared"
+
+
+def make_report(
+    book_path: Path | str = BOOK_FILE, reports_dir: Path | str = REPORTS
+) -> tuple[str, list[Outcome]]:
+    """The report's markdown text (also what gets logged to MLflow) and each figure's outcome."""
+    book = load_book(book_path)
+    reports_dir = Path(reports_dir)
+    run = RunInfo.of_reports(reports_dir)
+    outcomes = compare(book, reports_dir, run)
+    return render(book, outcomes, run, book_path), outcomes
+
+
+def render_markdown(book_path: Path | str = BOOK_FILE, reports_dir: Path | str = REPORTS) -> str:
+    """The report's markdown text alone."""
+    return make_report(book_path, reports_dir)[0]
+
+
+def write_report(
+    out: Path | str | None = None,
+    book_path: Path | str = BOOK_FILE,
+    reports_dir: Path | str = REPORTS,
+) -> tuple[Path, list[Outcome]]:
+    """Write the report (default <reports_dir>/REPRODUCTION.md); returns its path and the outcomes."""
+    text, outcomes = make_report(book_path, reports_dir)
+    out = Path(out) if out is not None else Path(reports_dir) / REPORT_NAME
+    with atomic_path(out) as tmp:  # replaced in one step: never a half-written report
+        tmp.write_text(text, encoding="utf-8")
+    return out, outcomes

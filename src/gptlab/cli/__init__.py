@@ -1,0 +1,1 @@
+"""The `gptlab` command: one module per subcommand."""

@@ -1,0 +1,134 @@
+"""`gptlab chat "INSTRUCTION" [--input TEXT]`: ask the instruction-tuned model (chapter 7).
+
+The instruction (and optional input) is put into the Alpaca prompt the model
+was tuned on and answered greedily with the KV cache, stopping at
+end-of-text: exactly how the instruct-finetune stage answered its test set.
+
+The prompt and the answer must fit the model's context: an input too long for
+it is cropped at its end (the instruction and the template never are), and the
+answer is capped at the room left, each with a warning on stderr.
+
+`--model` takes a checkpoint folder or a model logged in MLflow
+(`models:/gptlab-instruct@champion`), whose own BPE files are then used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
+from gptlab.errors import InputError
+
+if TYPE_CHECKING:
+    from gptlab.cli.model_source import ModelSource
+
+# The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "instruction", metavar="INSTRUCTION", help='e.g. "Rewrite the sentence using a simile."'
+    )
+    parser.add_argument(
+        "--input",
+        default="",
+        metavar="TEXT",
+        help="the text the instruction is about, if any (default: none)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="DIR|URI",
+        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct), or a model "
+        "logged in MLflow, e.g. models:/gptlab-instruct@champion",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="longest answer in tokens (default: the model's own: its MLflow signature's, else what "
+        "its stage answered with; else instruct.max_new_tokens of params.yaml)",
+    )
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
+        "else data.raw_dir of params.yaml)",
+    )
+    add_inference_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.cli.model_source import find_model
+    from gptlab.paths import INSTRUCT_MODEL
+
+    with find_model(
+        args.model, INSTRUCT_MODEL, command="chat", kind="instruction-tuned model", stage="instruct-finetune"
+    ) as source:
+        return _chat(args, source)
+
+
+def _chat(args: argparse.Namespace, source: ModelSource) -> int:
+    from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptlab.pipeline.params import load_params
+    from gptlab.tasks.responses import fit_to_context, generate_response
+
+    model_dir = source.checkpoint
+    if not args.instruction.strip():
+        raise InputError("the instruction is empty: say what the model should do")
+    if args.max_new_tokens is not None and args.max_new_tokens <= 0:
+        raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+    model, metadata = load_for_inference(model_dir, args)
+    if model.cfg.num_classes is not None:
+        raise InputError(
+            f"{args.model or model_dir} is a classifier, not a language model: point --model at models/instruct"
+        )
+    # The model's own answer length (its MLflow signature's default, else what its stage answered
+    # with), else instruct.max_new_tokens of params.yaml.
+    own = source.defaults.get("max_new_tokens") or metadata.get("generation", {}).get("max_new_tokens")
+    max_new_tokens = args.max_new_tokens or own
+    # params.yaml fills in what the command line and the model leave out (so it runs from the project root).
+    bpe_files = source.bpe_files if args.raw_dir is None else None
+    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
+    params = load_params() if needs_params else None
+    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
+    entry = {"instruction": args.instruction, "input": args.input, "output": ""}
+    if bpe_files is not None:
+        tokenizer = gpt2_tokenizer(*bpe_files)
+    else:
+        tokenizer = load_tokenizer(args.raw_dir or Path(params.data.raw_dir))
+    context = model.cfg.context_length
+    fitted = fit_to_context(tokenizer, entry, context_length=context, max_new_tokens=max_new_tokens)
+    if fitted.input_cropped:
+        _warn(
+            f"the input is {fitted.input_tokens} tokens, too long for the model's context of {context} "
+            f"tokens with the instruction and room for the answer; cropped to its first "
+            f"{fitted.input_tokens_kept} tokens (the instruction and the prompt template are kept whole)"
+        )
+    if fitted.max_new_tokens < max_new_tokens:
+        asked = (
+            "--max-new-tokens"
+            if args.max_new_tokens is not None
+            else "the model's max_new_tokens"
+            if own
+            else "instruct.max_new_tokens"
+        )
+        _warn(
+            f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
+            f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"
+        )
+    answer = generate_response(model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens)
+    if not answer.strip():
+        trained = f" after {metadata['steps']} training steps" if "steps" in metadata else ""
+        _warn(
+            f"the model answered nothing{trained}: its first token was end-of-text (or only "
+            "whitespace came before it). A briefly trained model often does this; train it longer "
+            "(instruct.train.epochs), or rephrase the instruction"
+        )
+    print(answer)
+    return 0
+
+
+def _warn(message: str) -> None:
+    print(f"gptlab chat: warning: {message}", file=sys.stderr)

@@ -1,0 +1,139 @@
+"""`gptlab classify`: label SMS-like messages as spam or ham with the fine-tuned classifier.
+
+Messages come as arguments, or one per line from `--file PATH` (`-` for stdin).
+Each is encoded, truncated and padded to the checkpoint's training length as
+in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`
+(or one JSON object per line with `--json`).
+
+`--model` takes a checkpoint folder or a model logged in MLflow
+(`models:/gptlab-spam@champion`), whose own BPE files are then used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
+from gptlab.errors import InputError
+
+if TYPE_CHECKING:
+    from gptlab.cli.model_source import ModelSource
+
+# The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="messages to classify")
+    parser.add_argument(
+        "--file",
+        metavar="PATH",
+        help="read one message per line from PATH ('-' for stdin); blank lines are skipped",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="DIR|URI",
+        help="classifier checkpoint folder (default: the output of `dvc repro spam-finetune`, models/spam), "
+        "or a model logged in MLflow, e.g. models:/gptlab-spam@champion or models:/gptlab-spam/3",
+    )
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        metavar="DIR",
+        help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
+        "else data.raw_dir of params.yaml)",
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="messages per forward pass (default: 8)")
+    add_inference_arguments(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per message: label, probability, text"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.cli.model_source import find_model
+    from gptlab.paths import SPAM_MODEL
+
+    with find_model(
+        args.model, SPAM_MODEL, command="classify", kind="trained classifier", stage="spam-finetune"
+    ) as source:
+        return _classify(args, source)
+
+
+def _classify(args: argparse.Namespace, source: ModelSource) -> int:
+    from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptlab.pipeline.params import load_params
+    from gptlab.tasks.classifier import classify_texts
+
+    model_dir = source.checkpoint
+    if args.batch_size <= 0:
+        raise InputError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+    texts = _read_texts(args.texts, args.file)
+    model, metadata = load_for_inference(model_dir, args)
+    missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
+    shown = args.model or model_dir
+    if model.cfg.num_classes is None or missing:
+        raise InputError(
+            f"{shown} is not a spam-finetune classifier (no class head, or its metadata lacks "
+            f"{missing}): run `dvc repro spam-finetune`, or point --model at its output"
+        )
+    if args.raw_dir is None and source.bpe_files is not None:
+        tokenizer = gpt2_tokenizer(*source.bpe_files)
+    else:
+        tokenizer = load_tokenizer(args.raw_dir if args.raw_dir is not None else load_params().data.raw_dir)
+    probs = classify_texts(
+        model,
+        tokenizer,
+        texts,
+        max_length=int(metadata["max_length"]),
+        pooling=metadata["pooling"],
+        batch_size=args.batch_size,
+    )
+    labels = {int(index): name for index, name in metadata["labels"].items()}
+    for text, p in zip(texts, probs, strict=True):
+        best = int(p.argmax())
+        if args.json:
+            print(json.dumps({"label": labels[best], "probability": round(float(p[best]), 6), "text": text}))
+        else:
+            print(f"{labels[best]}\t{p[best]:.4f}\t{text}")
+    return 0
+
+
+def _read_texts(texts: list[str], file: str | None) -> list[str]:
+    """The messages to classify: arguments first, then the lines of `file` (stdin for '-')."""
+    messages = list(texts)
+    if file is not None:
+        if file == "-":
+            buffer = getattr(sys.stdin, "buffer", None)  # bytes, decoded below; absent if already text
+            lines = (
+                sys.stdin.read().splitlines() if buffer is None else _decode_lines(buffer.read(), "<stdin>")
+            )
+        else:
+            path = Path(file)
+            if path.is_dir():
+                raise IsADirectoryError(f"--file {path}: is a directory, not a file")
+            if not path.is_file():
+                raise FileNotFoundError(f"--file {path}: no such file")
+            lines = _decode_lines(path.read_bytes(), str(path))
+        messages += [line for line in lines if line.strip()]
+    if not messages:
+        raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
+    empty = [i for i, text in enumerate(messages) if not text.strip()]
+    if empty:
+        raise InputError(f"message {empty[0] + 1} is empty: give some text to classify")
+    return messages
+
+
+def _decode_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 `data`; text in another encoding is an InputError naming the file and line."""
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"--file {name}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "save the file as UTF-8"
+        ) from exc

@@ -1,0 +1,82 @@
+"""`gptlab`: use the pipeline's trained models and check its metrics from the shell.
+
+The stages themselves run through `dvc repro`; this CLI is for what comes after.
+Each subcommand lives in its own module of gptlab.cli, whose top level
+imports only what its arguments need (torch and the model load when it runs),
+so `gptlab --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import sys
+
+import yaml
+
+from gptlab.environment import VERBOSE_ENV
+from gptlab.errors import EXIT_USAGE, GptlabError, describe_failure
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("gptlab.cli.export", "write a checkpoint as a Hugging Face GPT-2 folder"),
+    "classify": ("gptlab.cli.classify", "label messages as spam or ham with the fine-tuned classifier"),
+    "chat": ("gptlab.cli.chat", "answer an instruction with the instruction-tuned model"),
+    "run": ("gptlab.cli.run", "run the pipeline as a DVC experiment with a profile's overrides"),
+    "smoke": ("gptlab.cli.smoke", "run all stages on a small profile, then check its metrics"),
+    "compare": (
+        "gptlab.cli.compare",
+        "the experiments of `dvc exp show`: params that differ and headline metrics",
+    ),
+    "sweep": (
+        "gptlab.cli.sweep",
+        "run a sweep file's variants as queued DVC experiments and write their table",
+    ),
+    "metrics": ("gptlab.cli.metrics", "compare reports/ with the metrics baseline, or update it"),
+    "mirror": (
+        "gptlab.cli.mirror",
+        "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
+    ),
+    "report": ("gptlab.cli.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
+    "promote": ("gptlab.cli.promote", "set the champion alias of a registered model's version"),
+    "ui": ("gptlab.cli.ui", "start the MLflow UI on the project's store, at the experiment's runs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gptlab",
+        description="Use gptlab's trained models. Run the pipeline itself with `dvc repro`.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"gptlab {importlib.metadata.version('gptlab')}"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=f"keep the libraries' INFO lines (MLflow's), here and in the stages it runs ({VERBOSE_ENV}=1)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = importlib.import_module(module)
+        command.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.verbose:  # before any module that imports mlflow, and inherited by `dvc exp run`'s stages
+        os.environ[VERBOSE_ENV] = "1"
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug
+        print(f"gptlab {args.command}: {describe_failure(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""`gptlab ui`: the MLflow UI on the project's store, opened at the experiment's runs.
+
+MLflow 3's UI keeps its *GenAI / Model training* switch per browser and starts a new
+browser on GenAI, whose experiment page is an empty traces overview. The URL printed
+here carries `workflowType=machine_learning`, so it opens on the experiment's training
+runs whatever the browser used before. With MLFLOW_TRACKING_URI naming a server, that
+server's URL is printed and nothing is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+# mlflow is imported in run(), so `gptlab --help` stays fast.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--experiment", help="the experiment to open (default: tracking.experiment of params.yaml)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    parser.add_argument("--port", type=int, default=5000, help="(default: %(default)s)")
+    parser.add_argument("--print-url", action="store_true", help="print the URL only; start no server")
+
+
+def experiment_url(base: str, experiment_id: str | None) -> str:
+    """Where the experiment's training runs are (the experiments list if it does not exist yet)."""
+    page = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
+    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.pipeline.params import load_params
+    from gptlab.tracking.runs import check_reachable, imported_mlflow, tracking_uri
+
+    name = args.experiment or load_params().tracking.experiment
+    store = tracking_uri()
+    check_reachable(store)
+    found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
+    remote = store.startswith(("http://", "https://"))
+    base = store if remote else f"http://{args.host}:{args.port}"
+    url = experiment_url(base, found.experiment_id if found else None)
+    missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"
+    print(f"MLflow UI, experiment {name!r}{missing}: {url}", flush=True)
+    if remote or args.print_url:
+        return 0
+    mlflow = Path(sys.executable).with_name("mlflow")
+    command = [str(mlflow), "ui", "--backend-store-uri", store, "--host", args.host, "--port", str(args.port)]
+    try:
+        return subprocess.run(command).returncode
+    except KeyboardInterrupt:  # Ctrl-C stops the server: the usual way to leave it
+        return 0

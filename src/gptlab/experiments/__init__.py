@@ -1,0 +1,1 @@
+"""The experiments layer: profiles, smoke runs, sweeps, comparing experiments and checking metrics."""

@@ -1,0 +1,218 @@
+"""Run the whole DAG on a small profile: the quick start, and what CI guards.
+
+A profile is a YAML file of overrides laid out like params.yaml. It runs in a
+separate workspace (default `.gptlab/<profile>/`: a fresh git repository with
+a copy of the project's tracked files) through `dvc exp run -S ...`, so DVC
+records exactly which params were used, while the project's own params.yaml,
+outputs and dvc.lock stay untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV, VERBOSE_ENV
+from gptlab.errors import GptlabError
+from gptlab.experiments.profiles import experiment_env, load_overrides, set_arguments
+from gptlab.files import atomic_path, exclusive_lock
+from gptlab.paths import REPORTS
+
+DEFAULT_PROFILE = Path("profiles/smoke.yaml")
+# Where `gptlab smoke` runs by default (project-relative): its models are under models/ there.
+SMOKE_WORKDIR = Path(".gptlab") / DEFAULT_PROFILE.stem
+# Inside the workspace's .git folder (git never tracks it): what the last run left, file by file.
+# Only a folder carrying it is ever replaced, and only while it holds just what the run made.
+WORKSPACE_MARKER = Path(".git") / "gptlab-workspace.json"
+# Left out of the comparison: DVC's cache and scratch files change under read-only commands.
+_UNTRACKED_PARTS = {(".git",), (".dvc", "tmp"), (".dvc", "cache")}
+
+
+def smoke_model_hint(command: str, model: Path, raw_dir: Path) -> str:
+    """The exact command that uses the smoke run's model instead, when a smoke run left one ('' if not).
+
+    `model` and `raw_dir` are the project-relative paths the command reads by default.
+    """
+    smoke_model = SMOKE_WORKDIR / model
+    if not (smoke_model / "config.json").is_file():
+        return ""
+    return (
+        f"; to use the model of the last `gptlab smoke` run instead: "
+        f"gptlab {command} --model {smoke_model.as_posix()} --raw-dir {(SMOKE_WORKDIR / raw_dir).as_posix()} ..."
+    )
+
+
+def check_workdir(project: Path, workdir: Path) -> None:
+    """Refuse a workspace folder that gptlab did not make: the project, a folder above it, a user's folder."""
+    project, workdir = project.resolve(), workdir.resolve()
+    if workdir == project or workdir in project.parents:
+        raise GptlabError(
+            f"--workdir {workdir}: it holds the project itself; name a new folder for the workspace"
+        )
+    if workdir.exists() and not workdir.is_dir():
+        raise GptlabError(f"--workdir {workdir}: not a folder; name a new folder for the workspace")
+    if workdir.is_dir() and any(workdir.iterdir()) and not (workdir / WORKSPACE_MARKER).is_file():
+        raise GptlabError(
+            f"--workdir {workdir}: not empty and not made by gptlab smoke; nothing was deleted. "
+            "Name a new or empty folder"
+        )
+
+
+def workspace_lock(workdir: Path) -> contextlib.AbstractContextManager[None]:
+    """One smoke run at a time per workspace; the lock file sits beside it, as the folder is replaced."""
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    return exclusive_lock(
+        workdir.parent / f".{workdir.name}.lock",
+        f"pid {os.getpid()}",
+        lambda holder: f"{workdir}: another gptlab smoke is running there ({holder}); wait for it to finish",
+    )
+
+
+def workspace_state(workdir: Path) -> dict[str, object]:
+    """The workspace's files (size, mtime) and git refs: what tells the run's own from later work."""
+    files = {}
+    for path in sorted(workdir.rglob("*")):
+        relative = path.relative_to(workdir)
+        if any(relative.parts[: len(p)] == p for p in _UNTRACKED_PARTS) or path.is_dir():
+            continue
+        stat = path.lstat()
+        files[relative.as_posix()] = [stat.st_size, stat.st_mtime_ns]
+    refs = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return {"files": files, "refs": refs}
+
+
+def mark_workspace(workdir: Path, finished: bool) -> None:
+    """Write the marker: the whole state once the run has finished, only a claim while it runs."""
+    state = {"finished": finished, **(workspace_state(workdir) if finished else {})}
+    with atomic_path(workdir / WORKSPACE_MARKER) as tmp:
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+
+
+def later_work(workdir: Path) -> list[str]:
+    """What the workspace holds that its last smoke run did not leave: changed files, new experiments."""
+    marker = json.loads((workdir / WORKSPACE_MARKER).read_text(encoding="utf-8"))
+    if not marker.get("finished"):
+        return []  # a run that was stopped: everything in it is that run's
+    now = workspace_state(workdir)
+    files = [name for name, meta in now["files"].items() if marker["files"].get(name) != meta]
+    refs = [ref.split()[0] for ref in set(now["refs"]) - set(marker["refs"])]
+    return sorted(refs) + files
+
+
+def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], fresh: bool = False) -> None:
+    """A fresh git repository holding the project's tracked and new (not ignored) files.
+
+    The project's own run (dvc.lock and the stages' reports) stays behind: the workspace's
+    first commit is the pipeline and its inputs, and its second (`commit_run`) this profile's run.
+    A previous workspace is replaced only if gptlab made it and, unless `fresh`, nothing was
+    added to it since (a DVC experiment, a tracking store, an edited file).
+    """
+    check_workdir(project, workdir)
+    ours = workdir.is_dir() and (workdir / WORKSPACE_MARKER).is_file()
+    if ours and not fresh and (added := later_work(workdir)):
+        shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
+        raise GptlabError(
+            f"{workdir}: holds work made after the last smoke run ({shown}); nothing was deleted. "
+            "Pass --fresh to replace it, or --workdir to run elsewhere"
+        )
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=project,
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout.split("\0")
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    for name in filter(None, files):
+        source_file = project / name
+        if source_file.is_file() and not _project_run_output(Path(name)):
+            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source_file, workdir / name)
+    subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    mark_workspace(workdir, finished=False)
+    commit_workspace(workdir, "smoke workspace", source)
+
+
+def _project_run_output(name: Path) -> bool:
+    """dvc.lock and reports/<stage>/...: what the project's own `dvc repro` wrote."""
+    return name == Path("dvc.lock") or (name.parts[0] == REPORTS.name and len(name.parts) > 2)
+
+
+def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> None:
+    """Commit everything in the workspace, naming the project's commit in git trailers.
+
+    `gptlab report` reads them (gptlab.reproduction): the throwaway repository's own
+    commit says nothing about which code ran.
+    """
+    trailers = [f"Source-Commit: {source[SOURCE_COMMIT_ENV]}"] if SOURCE_COMMIT_ENV in source else []
+    if SOURCE_DIRTY_ENV in source:
+        trailers.append(f"Source-Dirty: {source[SOURCE_DIRTY_ENV]}")
+    message = title + ("\n\n" + "\n".join(trailers) if trailers else "")
+    git = ["git", "-c", "user.name=gptlab", "-c", "user.email=gptlab@localhost"]
+    subprocess.run([*git, "add", "-A"], cwd=workdir, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], cwd=workdir, check=True)
+
+
+def source_commit_env(project: Path) -> dict[str, str]:
+    """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for lineage.py to tag runs with."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {SOURCE_COMMIT_ENV: commit, SOURCE_DIRTY_ENV: str(bool(status.strip())).lower()}
+
+
+def run_profile(project: Path, profile: Path, workdir: Path, fresh: bool = False) -> Path:
+    """Run every stage with the profile's overrides; returns the workspace's reports folder."""
+    check_workdir(project, workdir)
+    overrides = load_overrides(profile, project / "params.yaml")
+    with workspace_lock(workdir):
+        return _run_in_workspace(project, profile, workdir, overrides, fresh)
+
+
+def _run_in_workspace(
+    project: Path, profile: Path, workdir: Path, overrides: dict[str, Any], fresh: bool
+) -> Path:
+    source = source_commit_env(project)
+    prepare_workspace(project, workdir, source, fresh)
+    # Runs land in the project's own MLflow store (not the throwaway workspace) unless told otherwise,
+    # tagged with the project's own commit, not the workspace's.
+    env = experiment_env(project)
+    env.update(source)
+    dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
+    result = subprocess.run(
+        [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
+    )
+    if result.returncode:
+        raise GptlabError(
+            f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
+        )
+    # The run as the workspace's HEAD: `dvc metrics diff`, `dvc plots diff` and `gptlab compare`
+    # there then measure further experiments against it.
+    commit_workspace(workdir, f"{profile.stem} run", source)
+    mark_workspace(workdir, finished=True)
+    return workdir / REPORTS

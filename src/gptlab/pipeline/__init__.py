@@ -1,0 +1,1 @@
+"""The pipeline layer: params.yaml, what every stage script shares, and the DVC command wrapper."""

@@ -1,0 +1,273 @@
+"""Typed, frozen config objects built from plain YAML data, with errors that name the key.
+
+Generic: any frozen dataclass whose fields are ints, floats, strings, bools,
+Literals, optionals, lists, dicts or other such dataclasses. Unknown keys,
+missing keys and wrong types are refused with the full key path and what was
+expected, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from gptlab.errors import InputError
+
+T = TypeVar("T")
+
+# Field metadata key: {old value: (new value, what it means)}, see `renamed`.
+_RENAMED = "gptlab.renamed"
+
+
+class ConfigError(InputError):
+    """A config value that cannot be used; the message names the key."""
+
+
+class FieldError(ConfigError):
+    """A config's own check of one of its fields; `build` names it by its full key."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def require(condition: bool, field: str, problem: str) -> None:
+    """For __post_init__ checks: raise FieldError(field, problem) unless `condition` holds."""
+    if not condition:
+        raise FieldError(field, problem)
+
+
+def renamed(spellings: Mapping[str, tuple[str, str]]) -> Any:
+    """A required field whose old values are refused naming their new spelling: {old: (new, meaning)}.
+
+    So a params file written for an older vocabulary stops with the fix, not just the choices.
+    """
+    return dataclasses.field(metadata={_RENAMED: dict(spellings)})
+
+
+def build(cls: type[T], data: Any, path: str) -> T:
+    """Build dataclass `cls` from a mapping, checking every key and type."""
+    where = path or "params.yaml"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})  # old key -> where it lives now
+    if unknown and unknown[0] in moved:
+        raise ConfigError(f"{_join(path, str(unknown[0]))}: moved to {moved[unknown[0]]}")
+    if unknown:
+        raise ConfigError(f"{_join(path, str(unknown[0]))}: unknown key; expected one of {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        key = _join(path, name)
+        if name not in data:
+            no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            if no_default:
+                raise ConfigError(f"{key}: missing key")
+            continue
+        value, old_spellings = data[name], field.metadata.get(_RENAMED, {})
+        if isinstance(value, str) and value in old_spellings:
+            new, meaning = old_spellings[value]
+            raise ConfigError(f"{key}: {value!r} is now spelled {new!r} ({meaning})")
+        kwargs[name] = _convert(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except FieldError as exc:
+        raise ConfigError(f"{_join(path, exc.field)}: {exc.problem}") from None
+    except ConfigError as exc:
+        # __post_init__ messages name keys by their section ("train.lr: ..."); give the full path.
+        message, section = str(exc), path.rpartition(".")[2]
+        if section and message.startswith(f"{section}."):
+            raise ConfigError(_join(path, message[len(section) + 1 :])) from None
+        raise ConfigError(f"{path}: {message}" if path else message) from None
+
+
+def _convert(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _convert(value, option, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        expected = " or ".join(_type_name(a) for a in args)
+        raise ConfigError(f"{key}: expected {expected}, got {_describe(value)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {list(args)}, got {_describe(value)}")
+        return value
+    if origin is dict:
+        key_type, value_type = args
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {_describe(value)}")
+        return {
+            _convert(k, key_type, key): _convert(v, value_type, _join(key, str(k))) for k, v in value.items()
+        }
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {_describe(value)}")
+        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, value, key)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if annotation is float:
+        # YAML reads 5e-5 (no dot) as a string; accept it as the number it obviously is.
+        number = value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ConfigError(f"{key}: expected a float, got {_describe(value)}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite float, got {_describe(value)}")
+        return float(number)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
+        return value
+    raise AssertionError(f"{key}: config type {annotation!r} is not supported by the loader")
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Flat `section.key` view of a config, as logged to MLflow."""
+    items = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    flat: dict[str, Any] = {}
+    for name, value in items.items():
+        key = _join(prefix, str(name))
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, key))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is type(None):
+        return "null"
+    return {int: "an integer", float: "a float", str: "a string", bool: "true or false"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+# --------------------------------------------------------------------------- #
+# YAML files: Reading the YAML files a user edits (params.yaml, profiles, sweeps, baselines), aliases bounded.
+# --------------------------------------------------------------------------- #
+
+MAX_YAML_NODES = 100_000
+
+
+class _Unbounded(Exception):
+    """What `_BoundedLoader` found; `read_yaml` names the file."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a document whose aliases expand past MAX_YAML_NODES."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        _expanded_size(node, {})
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int | None]) -> int:
+    """Nodes under `node` with every alias expanded, each shared node counted once per use."""
+    key = id(node)
+    if key in sizes:
+        size = sizes[key]
+        if size is None:
+            raise _Unbounded(f"line {node.start_mark.line + 1}: an alias refers to itself (endless data)")
+        return size
+    sizes[key] = None  # in progress: meeting it again below means a cycle
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, sizes) for item in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    if size > MAX_YAML_NODES:
+        raise _Unbounded(
+            f"line {node.start_mark.line + 1}: its aliases expand to more than {MAX_YAML_NODES:,} nodes "
+            "(an alias bomb?); write the values out"
+        )
+    sizes[key] = size
+    return size
+
+
+def read_yaml(path: Path) -> Any:
+    """The data of YAML file `path`, as yaml.safe_load reads it; ConfigError if it expands too far.
+
+    Syntax errors stay yaml.YAMLError, which callers report with the file's line.
+    """
+    with Path(path).open(encoding="utf-8") as fh:
+        try:
+            return yaml.load(fh, Loader=_BoundedLoader)  # a SafeLoader: plain data only, as safe_load
+        except _Unbounded as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- #
+# Caps and checks shared by the params sections
+# --------------------------------------------------------------------------- #
+
+# Caps on the params that size memory or work, named in each refusal: far above any setting that
+# runs on one machine, so a typo (an extra few zeros) stops at load, not minutes into a stage.
+MAX_BATCH_SIZE = 65536
+
+
+MAX_ROUNDS = 10_000  # epochs, evaluation batches
+
+
+MAX_NEW_TOKENS = 10_000
+
+
+MAX_NAME_LENGTH = 250  # MLflow experiment and run names
+
+
+# Sampling temperatures: below the floor, logits / temperature overflow to inf; 0 is greedy.
+TEMPERATURE_RANGE = (0.01, 100.0)
+
+
+def require_count(value: int, field: str, cap: int, alternative: str = "") -> None:
+    """A count in [1, cap] (`alternative`, e.g. " or null", is named in the refusal)."""
+    require(value > 0, field, f"expected a positive integer{alternative}, got {value}")
+    require(value <= cap, field, f"expected 1 to {cap}{alternative}, got {value}")
+
+
+def is_sha256(value: str) -> bool:
+    """64 lowercase hex digits, as sha256sum prints a digest."""
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)

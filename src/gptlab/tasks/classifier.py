@@ -1,0 +1,245 @@
+"""GPT-2 as a text classifier (chapter 6): head surgery, pooling, loss, accuracy and metrics.
+
+The language-model head is swapped for a small `Linear(emb_dim, num_classes)`
+and only the parts chosen to train keep gradients (with `lora`, none: the stage
+then adds LoRA adapters, see gptlab.lora). A sequence's class logits come from
+its last token's output, as in the book (under causal attention only the last
+position has seen the whole text), from its first token's, from the mean over
+its non-padding positions, or from the mean over every position, padding
+included (the "pooled embeddings" of chapter 6's bonus experiments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tiktoken
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from gptlab.data.spam import LABELS, encode_texts, pad_ids
+from gptlab.errors import InputError
+from gptlab.model.gpt import GPTModel
+from gptlab.model.tokenizer import END_OF_TEXT_ID
+from gptlab.tasks.config import Pooling, Trainable
+from gptlab.training.runtime import Precision, autocast
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+
+# Padding id of the spam datasets (and of `gptlab classify`); mean pooling skips it.
+PAD_TOKEN_ID = END_OF_TEXT_ID
+# Class names by class id, ("ham", "spam"), as the tokenize stage labels the messages.
+CLASS_NAMES: tuple[str, ...] = tuple(sorted(LABELS, key=LABELS.__getitem__))
+
+
+def make_classifier(
+    model: GPTModel, num_classes: int, *, trainable: Trainable, trainable_blocks: int, seed: int
+) -> GPTModel:
+    """Replace the LM head by a fresh classification head and choose what trains (in place).
+
+    Everything is frozen first; the head is created right after seeding so its
+    initial weights are reproducible (the book seeds 123). `trainable` then
+    unfreezes the head only, the last `trainable_blocks` blocks + final norm +
+    head, or the whole model; `lora` leaves everything frozen, the head too, for
+    `gptlab.lora.add_lora` to add the adapters that train. The config records
+    `num_classes`, so a saved classifier is rebuilt with its head by
+    `checkpoint.load_model`. The params schema checks `trainable`'s word;
+    only `trainable_blocks` is checked here, against this model's blocks.
+    """
+    n_layers = len(model.trf_blocks)
+    if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
+        raise InputError(
+            f"spam.trainable_blocks: expected 1 to {n_layers} (the base model's blocks), got {trainable_blocks}"
+        )
+    weight = model.final_norm.scale
+    model.requires_grad_(False)
+    torch.manual_seed(seed)
+    model.out_head = nn.Linear(model.cfg.emb_dim, num_classes).to(device=weight.device, dtype=weight.dtype)
+    model.cfg = dataclasses.replace(model.cfg, num_classes=num_classes)
+    if trainable == "all":
+        model.requires_grad_(True)
+    elif trainable == "last_blocks":
+        for block in model.trf_blocks[n_layers - trainable_blocks :]:
+            block.requires_grad_(True)
+        model.final_norm.requires_grad_(True)
+    elif trainable == "lora":
+        model.out_head.requires_grad_(False)
+    return model
+
+
+def count_trainable(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def class_logits(model: nn.Module, input_ids: torch.Tensor, pooling: Pooling = "last") -> torch.Tensor:
+    """(b, num_classes) logits for token ids (b, t): of the last or first token, or a mean over tokens.
+
+    `mean` averages the non-padding positions, `mean_all` every position (the bonus
+    script's `--average_embeddings`, which averages the padding's outputs too).
+    """
+    logits = model(input_ids).float()  # (b, t, num_classes); fp32 even under bf16 autocast
+    if pooling == "last":
+        return logits[:, -1, :]
+    if pooling == "first":
+        return logits[:, 0, :]
+    # The head is affine, so averaging logits equals classifying the averaged hidden state.
+    if pooling == "mean_all":
+        return logits.mean(dim=1)
+    assert pooling == "mean", f"unknown pooling {pooling!r}"
+    keep = (input_ids != PAD_TOKEN_ID).unsqueeze(-1).to(logits.dtype)  # (b, t, 1)
+    return (logits * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (b, num_classes)
+
+
+def last_token_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the last token's class logits against the labels (the book's calc_loss_batch)."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "last"), labels)
+
+
+def first_token_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the first token's class logits (the bonus script's `--trainable_token_pos first`)."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "first"), labels)
+
+
+def mean_pooled_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the class logits averaged over non-padding tokens."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "mean"), labels)
+
+
+def all_positions_classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross entropy of the class logits averaged over every position, padding included."""
+    input_ids, labels = batch
+    return F.cross_entropy(class_logits(model, input_ids, "mean_all"), labels)
+
+
+def classification_loss(pooling: Pooling) -> LossFn:
+    """The training loss for a pooling choice (spam.pooling, checked by the params schema), as the loop calls it."""
+    losses: dict[str, LossFn] = {
+        "last": last_token_classification_loss,
+        "first": first_token_classification_loss,
+        "mean": mean_pooled_classification_loss,
+        "mean_all": all_positions_classification_loss,
+    }
+    return losses[pooling]
+
+
+def count_examples(batch: Batch) -> int:
+    """Examples in a batch: the progress measure of classification training (the book's examples_seen)."""
+    return int(batch[0].shape[0])
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.inference_mode()
+def accuracy(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    pooling: Pooling = "last",
+    num_batches: int | None = None,
+    precision: Precision = "fp32",
+) -> float:
+    """Share of correct predictions over the first `num_batches` batches (the book's calc_accuracy_loader).
+
+    nan when there is nothing to score. The model's train/eval mode is restored afterwards.
+    `precision` is the training's (`train.precision`): bf16 autocast scores ~2x faster where bf16 is fast.
+    """
+    was_training = model.training
+    model.eval()
+    device = _device(model)
+    correct = seen = 0
+    for i, (input_ids, labels) in enumerate(loader):
+        if num_batches is not None and i >= num_batches:
+            break
+        with autocast(device, precision):
+            predicted = class_logits(model, input_ids.to(device), pooling).argmax(dim=-1)
+        correct += int((predicted == labels.to(device)).sum())
+        seen += len(labels)
+    model.train(was_training)
+    return correct / seen if seen else float("nan")
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    pooling: Pooling = "last",
+    desc: str = "predict",
+    precision: Precision = "fp32",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Actual labels, predicted labels and class probabilities (n, num_classes) over a whole loader.
+
+    `precision` as in `accuracy`; the probabilities are computed in fp32 either way.
+    """
+    was_training = model.training
+    model.eval()
+    device = _device(model)
+    actual, probs = [], []
+    for input_ids, labels in tqdm(loader, desc=desc, leave=False):
+        with autocast(device, precision):
+            logits = class_logits(model, input_ids.to(device), pooling)
+        probs.append(torch.softmax(logits.float(), dim=-1).cpu())
+        actual.append(labels.cpu())
+    model.train(was_training)
+    probabilities = torch.cat(probs).numpy()
+    return torch.cat(actual).numpy(), probabilities.argmax(axis=1), probabilities
+
+
+@torch.inference_mode()
+def classify_texts(
+    model: GPTModel,
+    tokenizer: tiktoken.Encoding,
+    texts: Sequence[str],
+    *,
+    max_length: int,
+    pooling: Pooling = "last",
+    batch_size: int = 8,
+) -> np.ndarray:
+    """Class probabilities (n, num_classes) of raw texts, encoded, truncated and padded exactly as in training."""
+    model.eval()
+    device = _device(model)
+    ids = torch.from_numpy(
+        pad_ids(encode_texts(list(texts), tokenizer), max_length).astype(np.int64)
+    )  # (n, max_length)
+    probs = [
+        torch.softmax(class_logits(model, chunk.to(device), pooling).float(), dim=-1).cpu()
+        for chunk in ids.split(batch_size)
+    ]
+    return torch.cat(probs).numpy() if probs else np.empty((0, model.cfg.num_classes), dtype=np.float32)
+
+
+def classification_metrics(
+    actual: Sequence[int] | np.ndarray,
+    predicted: Sequence[int] | np.ndarray,
+    *,
+    positive: int = 1,
+    num_classes: int = 2,
+) -> dict[str, Any]:
+    """Accuracy, and precision/recall/F1 of the `positive` class (spam), with scikit-learn.
+
+    `confusion_matrix[i][j]` counts examples of actual class i predicted as j
+    (scikit-learn's layout: rows actual, columns predicted, every class listed
+    even when absent from this sample).
+    """
+    # Imported here, at the end of a spam run: scikit-learn takes over a second to load.
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        actual, predicted, labels=[positive], average=None, zero_division=0.0
+    )
+    return {
+        "accuracy": float(accuracy_score(actual, predicted)),
+        "precision": float(precision[0]),
+        "recall": float(recall[0]),
+        "f1": float(f1[0]),
+        "confusion_matrix": confusion_matrix(actual, predicted, labels=list(range(num_classes))).tolist(),
+    }

@@ -1,0 +1,136 @@
+"""The fine-tunes' params: `spam` (chapter 6, LoRA of appendix E) and `instruct` (chapter 7, its judge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gptlab.model.config import MAX_CONTEXT_LENGTH, MAX_DIMS
+from gptlab.schema import (
+    MAX_BATCH_SIZE,
+    MAX_NEW_TOKENS,
+    MAX_ROUNDS,
+    ConfigError,
+    renamed,
+    require,
+    require_count,
+)
+from gptlab.training.config import TrainConfig
+
+# The allowed values of spam.trainable and spam.pooling, named once: gptlab.classifier takes these words.
+Trainable = Literal["head", "last_blocks", "all", "lora"]
+
+
+Pooling = Literal["last", "first", "mean", "mean_all"]
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (appendix E): rank of A and B, and alpha; the update is scaled by alpha / rank."""
+
+    rank: int
+    alpha: float
+
+    def __post_init__(self) -> None:
+        require_count(self.rank, "rank", MAX_DIMS["emb_dim"])
+        require(self.alpha > 0, "alpha", f"expected a positive number, got {self.alpha}")
+        require(self.alpha <= 10_000, "alpha", f"expected a value in (0, 10000], got {self.alpha:g}")
+
+
+@dataclass(frozen=True)
+class SpamConfig:
+    base_model: str
+    # pretrained: the load-gpt2 checkpoint; random: its architecture freshly drawn after seeding
+    # train.seed (chapter 6's bonus table, "random weights").
+    base_weights: Literal["pretrained", "random"]
+    # What trains: the new head only, the last `trainable_blocks` blocks + final norm + head, all,
+    # or LoRA adapters on every linear layer (head included) with everything else frozen (appendix E).
+    trainable: Trainable
+    trainable_blocks: int
+    lora: LoraConfig
+    # Which outputs classify a message: the last token's (the book), the first token's, the mean
+    # over its non-padding tokens, or the mean over every position, padding included (the bonus
+    # table's "pooled embeddings").
+    pooling: Pooling
+    # Tokens each message is padded (or cut) to: null keeps the tokenize stage's length (the longest
+    # training message); "context" pads to the base model's context length; or a number.
+    max_length: int | Literal["context"] | None
+    drop_rate: float
+    # Batches of each split scored before training (the book prints them: 10).
+    initial_eval_batches: int
+    train: TrainConfig
+
+    def __post_init__(self) -> None:
+        require(
+            self.trainable_blocks > 0,
+            "trainable_blocks",
+            f"expected a positive integer, got {self.trainable_blocks}",
+        )
+        require(
+            not isinstance(self.max_length, int) or self.max_length > 0,
+            "max_length",
+            f'expected a positive integer, "context" or null, got {self.max_length}',
+        )
+        require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
+        require_count(self.initial_eval_batches, "initial_eval_batches", MAX_ROUNDS)
+        require(
+            self.train.loss_kernel == "book",
+            "train.loss_kernel",
+            "the classification loss has no chunked form; use book",
+        )
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    enabled: bool
+    api: Literal["ollama", "openai"]
+    url: str
+    model: str
+    timeout_s: float
+    # Send GPTLAB_JUDGE_API_KEY over plain http:// to a host other than this machine.
+    allow_insecure_http: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"judge.url: expected an http:// or https:// URL, got {self.url!r}")
+        if not 0 < self.timeout_s <= 86400:
+            raise ConfigError(
+                f"judge.timeout_s: expected a positive number of seconds, at most 86400 (a day), "
+                f"got {self.timeout_s:g}"
+            )
+
+
+@dataclass(frozen=True)
+class AnswerGeneration:
+    """How the test answers are generated: `batch_size` records at once (1: one by one, as the book)."""
+
+    batch_size: int
+    # The answering weights: fp32 (the book), or a bf16 copy (auto: where bf16 is fast), 1.1-1.3x faster.
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+
+    def __post_init__(self) -> None:
+        require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
+
+
+@dataclass(frozen=True)
+class InstructConfig:
+    base_model: str
+    # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
+    trainable: Literal["all", "lora"] = renamed({"full": ("all", "train every weight")})
+    lora: LoraConfig
+    drop_rate: float
+    allowed_max_length: int
+    mask_prompt: bool
+    max_new_tokens: int
+    generate: AnswerGeneration
+    train: TrainConfig
+    judge: JudgeConfig
+
+    def __post_init__(self) -> None:
+        require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
+        require(
+            0 < self.allowed_max_length <= MAX_CONTEXT_LENGTH,
+            "allowed_max_length",
+            f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
+        )
+        require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)

@@ -1,0 +1,1 @@
+"""The tracking layer: MLflow runs, tags and metrics, lineage, and the logged, registered and servable models."""

@@ -1,0 +1,296 @@
+"""gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
+
+Besides tracking.py, lineage.py and registry.py, this module (with its three-line
+models-from-code file, pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc`
+and its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
+`registry.log_model` imports it lazily, by name, so it is part of no
+stage's import closure (dvc.yaml's deps): how a model is served changes no
+stage output, and editing this file reruns no training. Models are logged from
+code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.
+
+A logged model holds, as artifacts, the checkpoint folder (`model.safetensors` +
+`config.json`, the weights' only copy in MLflow) and GPT-2's BPE files
+(`vocab.bpe`, `encoder.json`), and the gptlab package itself as code
+(`code_paths`): it loads in any Python that has torch, tiktoken and safetensors,
+without the project on `sys.path`. Three kinds, each with a signature and an
+input example:
+
+- `spam`: a DataFrame column `text` -> `label` (ham / spam) and `spam_probability`,
+  each message encoded, truncated and padded as in training (`gptlab classify`);
+- `instruct`: `instruction` and optional `input` -> `response`, the greedy answer
+  to the Alpaca prompt, fitted to the context as `gptlab chat` does (param
+  `max_new_tokens`);
+- `lm`: `prompt` -> `text` (the prompt and its continuation), for the pretrained
+  and converted language models (params `max_new_tokens`, `temperature`,
+  `top_k` with 0 for none, `seed`).
+
+The model runs on `$GPTLAB_DEVICE` (default `auto`: cuda, then mps, then cpu), with
+fp32 weights, or bf16 ones with `$GPTLAB_PRECISION` bf16 (or auto: bf16 where bf16 is fast).
+An input it cannot answer (an empty message, a missing column) is a `BadModelInput`:
+one line, which `mlflow models serve` sends as a 400 reply without a stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any, get_args
+
+import mlflow.pyfunc
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+# Artifact names inside a logged model (MLmodel's python_function.artifacts).
+CHECKPOINT = "checkpoint"
+VOCAB_BPE = "vocab_bpe"
+ENCODER_JSON = "encoder_json"
+KINDS = ("spam", "instruct", "lm")
+DEVICE_ENV = "GPTLAB_DEVICE"
+PRECISION_ENV = "GPTLAB_PRECISION"
+# What the gptlab modules a model runs import (pinned to the versions that logged it).
+REQUIREMENTS = (
+    "torch",
+    "tiktoken",
+    "safetensors",
+    "numpy",
+    "pandas",
+    "scikit-learn",
+    "tqdm",
+    "pyyaml",
+    "rouge-score",
+)
+
+
+class _Checkpoint(mlflow.pyfunc.PythonModel):
+    """Loads the checkpoint and the tokenizer from the model's artifacts."""
+
+    def load_context(self, context: Any) -> None:
+        import torch
+
+        from gptlab.model.checkpoint import load_model
+        from gptlab.model.tokenizer import gpt2_tokenizer
+        from gptlab.training.runtime import Precision, inference_dtype, resolve_device
+
+        device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
+        precision = os.environ.get(PRECISION_ENV, "fp32")
+        if precision not in get_args(Precision):
+            expected = ", ".join(get_args(Precision))
+            raise ValueError(f"${PRECISION_ENV}: expected one of {expected}, got {precision!r}")
+        # Building the model draws its initial weights: leave the caller's random state as it was.
+        with torch.random.fork_rng(devices=[]):
+            self.model, self.metadata = load_model(context.artifacts[CHECKPOINT], device)
+        self.model.to(inference_dtype(device, precision))
+        self.tokenizer = gpt2_tokenizer(context.artifacts[VOCAB_BPE], context.artifacts[ENCODER_JSON])
+
+
+class SpamClassifier(_Checkpoint):
+    """`text` -> `label` and `spam_probability`, exactly as `gptlab classify` computes them."""
+
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
+        from gptlab.tasks.classifier import classify_texts
+
+        texts = _strings(model_input, "text")
+        empty = [i for i, text in enumerate(texts) if not text.strip()]
+        if empty:
+            raise ValueError(f"message {empty[0] + 1} is empty: give some text to classify")
+        probs = classify_texts(
+            self.model,
+            self.tokenizer,
+            texts,
+            max_length=int(self.metadata["max_length"]),
+            pooling=self.metadata["pooling"],
+            batch_size=int((params or {}).get("batch_size", 8)),
+        )
+        labels = {int(index): name for index, name in self.metadata["labels"].items()}
+        spam = next(index for index, name in labels.items() if name == "spam")
+        return pd.DataFrame(
+            {"label": [labels[int(i)] for i in probs.argmax(axis=1)], "spam_probability": probs[:, spam]}
+        )
+
+
+class InstructionModel(_Checkpoint):
+    """`instruction` (+ optional `input`) -> `response`, the greedy answer `gptlab chat` prints."""
+
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
+        from gptlab.tasks.responses import fit_to_context, generate_response
+
+        instructions = _strings(model_input, "instruction")
+        inputs = _strings(model_input, "input") if "input" in model_input else [""] * len(instructions)
+        max_new_tokens = int((params or {}).get("max_new_tokens", self.metadata.get("max_new_tokens", 256)))
+        responses = []
+        for instruction, text in zip(instructions, inputs, strict=True):
+            fitted = fit_to_context(
+                self.tokenizer,
+                {"instruction": instruction, "input": text, "output": ""},
+                context_length=self.model.cfg.context_length,
+                max_new_tokens=max_new_tokens,
+            )
+            responses.append(
+                generate_response(
+                    self.model, self.tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens
+                )
+            )
+        return pd.DataFrame({"response": responses})
+
+
+class TextGenerator(_Checkpoint):
+    """`prompt` -> `text`: the prompt and its continuation, seeded like the stages' samples."""
+
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
+        from gptlab.model.config import SampleConfig
+        from gptlab.model.generate import generate_text
+
+        params = params or {}
+        texts = []
+        for prompt in _strings(model_input, "prompt"):
+            sample = SampleConfig(
+                prompt=prompt,
+                max_new_tokens=int(params.get("max_new_tokens", 50)),
+                temperature=float(params.get("temperature", 0.0)),
+                top_k=int(params.get("top_k", 0)) or None,
+                seed=int(params.get("seed", 123)),
+            )
+            texts.append(generate_text(self.model, self.tokenizer, sample))
+        return pd.DataFrame({"text": texts})
+
+
+_CLASSES: dict[str, type[_Checkpoint]] = {
+    "spam": SpamClassifier,
+    "instruct": InstructionModel,
+    "lm": TextGenerator,
+}
+# The key of a logged model's `model_config` that names its kind (also logged as a run param).
+KIND_KEY = "gptlab.model_kind"
+
+
+class GptlabModel(mlflow.pyfunc.PythonModel):
+    """The model that pyfunc_model_code.py sets: the class of `model_config[KIND_KEY]`, loaded and asked."""
+
+    def load_context(self, context: Any) -> None:
+        kind = (context.model_config or {}).get(KIND_KEY)
+        if kind not in _CLASSES:
+            raise ValueError(f"model_config {KIND_KEY}: expected one of {KINDS}, got {kind!r}")
+        self.model = _CLASSES[kind]()
+        self.model.load_context(context)
+
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
+        try:
+            return self.model.predict(context, model_input, params)
+        except ValueError as exc:  # the input: the caller's to fix, said in one line
+            raise BadModelInput(" ".join(str(exc).split())) from exc
+
+
+class BadModelInput(MlflowException, ValueError):
+    """An input the model cannot answer, in one line.
+
+    As an MlflowException (INVALID_PARAMETER_VALUE), `mlflow models serve` replies 400 with
+    this message and without the stack trace it attaches to any other error; as a ValueError,
+    `mlflow.pyfunc` callers catch it as before.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model."""
+
+    python_model: str  # the models-from-code file
+    model_config: dict[str, str]
+    artifacts: dict[str, str]
+    code_paths: list[str]
+    signature: ModelSignature
+    input_example: Any
+    pip_requirements: list[str]
+
+
+def model_spec(
+    kind: str,
+    checkpoint: Path | str,
+    vocab_bpe: Path | str,
+    encoder_json: Path | str,
+    defaults: dict[str, Any] | None = None,
+) -> ModelSpec:
+    """The pyfunc model of `kind` (spam, instruct or lm) for a checkpoint folder and GPT-2's BPE files.
+
+    `defaults` are the params' defaults (instruct: max_new_tokens; lm: max_new_tokens,
+    temperature, top_k, seed), e.g. the stage's own settings.
+    """
+    defaults = defaults or {}
+    if kind == "spam":
+        inputs = Schema([ColSpec("string", "text")])
+        outputs = Schema([ColSpec("string", "label"), ColSpec("double", "spam_probability")])
+        param_specs = [ParamSpec("batch_size", "long", int(defaults.get("batch_size", 8)))]
+        example: Any = pd.DataFrame(
+            {"text": ["You are a winner! Claim your free prize now", "Are we still on for dinner tonight?"]}
+        )
+    elif kind == "instruct":
+        inputs = Schema([ColSpec("string", "instruction"), ColSpec("string", "input", required=False)])
+        outputs = Schema([ColSpec("string", "response")])
+        param_specs = [ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256)))]
+        # A short answer keeps the check MLflow runs on the example (when logging) quick.
+        example = (
+            pd.DataFrame(
+                {"instruction": ["Rewrite the sentence using a simile."], "input": ["The car is very fast."]}
+            ),
+            {"max_new_tokens": 8},
+        )
+    elif kind == "lm":
+        inputs = Schema([ColSpec("string", "prompt")])
+        outputs = Schema([ColSpec("string", "text")])
+        param_specs = [
+            ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 50))),
+            ParamSpec("temperature", "double", float(defaults.get("temperature", 0.0))),
+            ParamSpec("top_k", "long", int(defaults.get("top_k") or 0)),
+            ParamSpec("seed", "long", int(defaults.get("seed", 123))),
+        ]
+        example = (pd.DataFrame({"prompt": ["Every effort moves you"]}), {"max_new_tokens": 8})
+    else:
+        raise ValueError(f"unknown model kind {kind!r}: expected one of {KINDS}")
+    import gptlab
+
+    return ModelSpec(
+        python_model=str(Path(__file__).with_name("pyfunc_model_code.py")),
+        model_config={KIND_KEY: kind},
+        artifacts={CHECKPOINT: str(checkpoint), VOCAB_BPE: str(vocab_bpe), ENCODER_JSON: str(encoder_json)},
+        code_paths=[str(Path(gptlab.__file__).parent)],
+        signature=ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema(param_specs)),
+        input_example=example,
+        pip_requirements=requirements(),
+    )
+
+
+def requirements() -> list[str]:
+    """The packages a logged model needs, at this environment's versions (no local build labels)."""
+    pinned = []
+    for name in REQUIREMENTS:
+        try:
+            version = package_metadata.version(name).split("+")[0]
+        except package_metadata.PackageNotFoundError:
+            pinned.append(name)
+        else:
+            pinned.append(f"{name}=={version}")
+    return pinned
+
+
+def _strings(frame: pd.DataFrame, column: str) -> list[str]:
+    if column not in frame:
+        raise ValueError(f"the input has no column {column!r} (columns: {list(frame.columns)})")
+    return [
+        "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+        for value in frame[column]
+    ]

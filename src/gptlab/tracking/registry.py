@@ -1,0 +1,160 @@
+"""Trained checkpoints as MLflow models: logged by their run, registered, promoted, read back.
+
+Each training stage's checkpoint becomes a pyfunc model of its run, registered as a
+new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
+`champion` alias at one version, and `downloaded_model` fetches a logged model's
+files for the CLI. The registry is the tracking store's (`tracking.tracking_uri`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gptlab.errors import GptlabError
+from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, tracking_uri
+
+# Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.pyfunc_models).
+MODEL_KINDS: dict[str, tuple[str, str]] = {
+    "pretrain": ("pretrain", "lm"),
+    "spam": ("spam", "spam"),
+    "instruct": ("instruct", "instruct"),
+}
+CHAMPION = "champion"
+
+
+def registered_model_name(experiment: str, kind: str) -> str:
+    """`gptlab-spam` for the spam model of experiment `gptlab`; another experiment gets its own names."""
+    return f"{experiment}-{MODEL_KINDS[kind][0]}"
+
+
+def log_model(
+    run: StageRun,
+    kind: str,
+    checkpoint: Path | str,
+    *,
+    experiment: str,
+    bpe_files: tuple[Path, Path],
+    defaults: Mapping[str, Any],
+    headline: Mapping[str, float],
+) -> str | None:
+    """Log a checkpoint folder as `run`'s MLflow pyfunc model and register it as a new version.
+
+    `kind` is pretrain, spam or instruct; `bpe_files` GPT-2's vocab.bpe and encoder.json;
+    `defaults` the defaults of the signature's params (max_new_tokens, ...); `headline`
+    the run's final metrics, quoted in the version's description. The model
+    holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
+    as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),
+    or None for the disabled run (torchrun ranks other than 0), which logs nothing.
+    """
+    if run.run_id is None:
+        return None
+    # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
+    pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
+    mlflow = imported_mlflow()
+    from mlflow.models import Model
+
+    vocab_bpe, encoder_json = bpe_files
+    spec = pyfunc_models.model_spec(MODEL_KINDS[kind][1], checkpoint, vocab_bpe, encoder_json, dict(defaults))
+    name = registered_model_name(experiment, kind)
+    # Model.log creates the model through the fluent API: its store, and the run's experiment.
+    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_experiment(experiment_id=run.client.get_run(run.run_id).info.experiment_id)
+    info = Model.log(
+        None,  # artifact_path: deprecated for name
+        name=name,
+        flavor=mlflow.pyfunc,
+        run_id=run.run_id,
+        registered_model_name=name,
+        python_model=spec.python_model,
+        model_config=spec.model_config,
+        artifacts=spec.artifacts,
+        code_paths=spec.code_paths,
+        signature=spec.signature,
+        input_example=spec.input_example,
+        pip_requirements=spec.pip_requirements,
+        tags={"gptlab.kind": kind},
+    )
+    version = info.registered_model_version
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+    client.update_model_version(name, version, description=version_description(kind, run, headline))
+    run.set_tags({"gptlab.model_uri": info.model_uri, "gptlab.registered_model": f"{name}/{version}"})
+    print(f"logged model {info.model_uri}, registered as models:/{name}/{version}")
+    return info.model_uri
+
+
+def version_description(kind: str, run: StageRun, headline: Mapping[str, float]) -> str:
+    """What the registry page shows of a version: its stage, base model, figures and source run."""
+    assert run.client is not None and run.run_id is not None
+    logged = run.client.get_run(run.run_id)
+    base = logged.data.tags.get("gptlab.base_model", "none (random initial weights)")
+    figures = "\n".join(f"- `{name}`: {value:.4g}" for name, value in headline.items())
+    return (
+        f"**{logged.info.run_name}** stage, {kind} model. Base model: {base}.\n\n"
+        f"{figures}\n\nSource run: `{run.run_id}` (experiment `{logged.info.experiment_id}`)."
+    )
+
+
+@contextmanager
+def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]]]:
+    """A logged gptlab model's artifacts, downloaded into a temporary folder for the block.
+
+    Yields local paths by artifact name: `checkpoint` (the folder `checkpoint.load_model`
+    reads), `vocab_bpe` and `encoder_json` (GPT-2's BPE files); and the defaults of the
+    params in its signature (max_new_tokens, ...).
+    """
+    mlflow = imported_mlflow()
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    store = tracking_uri()
+    check_reachable(store)
+    with tempfile.TemporaryDirectory(prefix="gptlab-model-") as tmp:
+        try:
+            local = Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=uri, dst_path=tmp, tracking_uri=store, registry_uri=store
+                )
+            )
+        except MlflowException as exc:
+            hint = (
+                " (set the alias with `gptlab promote NAME VERSION`)"
+                if "@" in uri and uri.startswith("models:/")
+                else ""
+            )
+            raise GptlabError(f"{uri}: no such model in {store}: {exc.message}{hint}") from None
+        model = Model.load(local)
+        artifacts = model.flavors.get("python_function", {}).get("artifacts", {})
+        found = {name: local / entry["path"] for name, entry in artifacts.items()}
+        if not {"checkpoint", "vocab_bpe", "encoder_json"} <= found.keys():
+            raise GptlabError(f"{uri} is not a gptlab model: it lacks a checkpoint and GPT-2's BPE files")
+        params = model.signature.params if model.signature is not None else None
+        yield found, {spec.name: spec.default for spec in params.params} if params is not None else {}
+
+
+def promote(name: str, version: str, alias: str = CHAMPION) -> str:
+    """Point `alias` of registered model `name` at `version`; returns the models:/NAME@ALIAS URI."""
+    mlflow = imported_mlflow()
+    from mlflow.exceptions import MlflowException
+
+    store = tracking_uri()
+    check_reachable(store)
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
+    try:
+        client.get_model_version(name, version)
+    except MlflowException:
+        try:
+            versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+        except MlflowException:
+            versions = []
+        known = f"its versions are {', '.join(map(str, versions))}" if versions else "it has no versions"
+        raise GptlabError(
+            f"no version {version} of registered model {name!r} in {store}: {known} "
+            "(each successful training stage registers one)"
+        ) from None
+    client.set_registered_model_alias(name, alias, version)
+    return f"models:/{name}@{alias}"

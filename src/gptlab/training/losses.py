@@ -1,0 +1,84 @@
+"""Losses shared by the stages, named by what they compute, and their averages over data.
+
+`next_token_loss` is the book's `calc_loss_batch` (chapters 5 and 7) and
+`average_loss` its `calc_loss_loader`. The classification loss of chapter 6
+lives beside the classifier; all of them plug into `gptlab.train.fit`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable, Sized
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from gptlab.training.runtime import Precision, autocast, ordered_loader, to_device
+
+IGNORE_INDEX = -100
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean cross entropy of predicting every target token; targets equal to -100 are skipped."""
+    inputs, targets = batch
+    logits = model(inputs)  # (b, t, vocab)
+    # (b, t, vocab) -> (b * t, vocab) against (b, t) -> (b * t,)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+@torch.inference_mode()
+def average_loss(
+    model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_batches: int | None = None
+) -> float:
+    """Mean of `loss_fn` over the first `num_batches` batches (all when None); nan for no batches.
+
+    Like the book's calc_loss_loader it averages per-batch means, and it leaves
+    the model's train/eval mode to the caller. Batches go to the model's device.
+    """
+    if isinstance(loader, Sized) and len(loader) == 0:
+        return math.nan  # as the book: an empty loader is not even iterated (no RNG draw)
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for batch in loader:
+        if num_batches is not None and count >= num_batches:
+            break
+        total += loss_fn(model, to_device(batch, device)).item()
+        count += 1
+    return total / count if count else math.nan
+
+
+def dataset_loss(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    loss_fn: LossFn = next_token_loss,
+    precision: Precision = "fp32",
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    desc: str | None = None,
+) -> float:
+    """Mean loss over every batch of `dataset` in order, in eval mode (no dropout); the mode is restored.
+
+    With `desc`, a progress bar of that name shows while it runs.
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loader = ordered_loader(dataset, batch_size, collate_fn)
+    batches = tqdm(loader, desc=desc, leave=False, file=sys.stderr, disable=desc is None)
+    with autocast(device, precision):
+        loss = average_loss(model, batches, loss_fn)
+    model.train(was_training)
+    return loss
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), the book's perplexity; inf where exp would overflow a float (beyond ~709)."""
+    return math.exp(loss) if loss < 700 else math.inf

@@ -1,0 +1,70 @@
+"""The CLI's contract: help without heavy imports, one line and exit code 2 for expected failures."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptlab.cli.main import COMMANDS, main
+from gptlab.errors import GptlabError, InputError, describe_failure
+
+HEAVY = ("torch", "gptlab.model.gpt", "mlflow")
+
+
+COMMAND_NAMES = sorted(COMMANDS)
+STAGE_SCRIPTS = sorted(Path(__file__).resolve().parents[2].glob("stages/*.py"))
+
+
+@pytest.mark.parametrize("args", [["--help"], *([name, "--help"] for name in COMMAND_NAMES)])
+def test_help_imports_no_torch(args: list[str]) -> None:
+    code = (
+        "import sys\n"
+        f"sys.argv = ['gptlab', *{args!r}]\n"
+        "from gptlab.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]", out
+
+
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda path: path.name)
+def test_a_stage_script_answers_help_before_its_heavy_imports(script: Path) -> None:
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(script)!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code)\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith(f"usage: {script.name} [-h] [--params PARAMS]"), out
+    assert out.splitlines()[-2:] == ["exit 0", "[]"], out
+
+
+def test_expected_failures_are_one_line_and_bugs_keep_their_traceback() -> None:
+    assert describe_failure(InputError("spam.lr: expected a float")) == "spam.lr: expected a float"
+    missing = FileNotFoundError(2, "No such file or directory", "reports/x.json")
+    assert describe_failure(missing) == "reports/x.json: No such file or directory"
+    assert describe_failure(KeyError("bug")) is None
+    assert issubclass(InputError, GptlabError) and issubclass(InputError, ValueError)
+
+
+def test_a_missing_file_is_exit_code_2_naming_it(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["export", str(tmp_path / "no-such-checkpoint"), str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-checkpoint" in err and "Traceback" not in err
+
+
+def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gptlab {importlib.metadata.version('gptlab')}"

@@ -1,0 +1,170 @@
+"""The metric guard that CI runs after the smoke profile: regressions fail, improvements pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gptlab.cli.main import main
+from gptlab.experiments.metrics_check import compare, guarded_reports, load_baseline, update_baseline
+from gptlab.schema import ConfigError
+
+
+def write_reports(root: Path, val_loss: float, accuracy: float) -> Path:
+    reports = root / "reports"
+    (reports / "pretrain").mkdir(parents=True, exist_ok=True)
+    (reports / "spam").mkdir(parents=True, exist_ok=True)
+    (reports / "pretrain" / "metrics.json").write_text(json.dumps({"val_loss": val_loss, "steps": 10}))
+    (reports / "spam" / "metrics.json").write_text(json.dumps({"test": {"accuracy": accuracy}}))
+    return reports
+
+
+@pytest.fixture
+def baseline(tmp_path: Path) -> Path:
+    path = tmp_path / "baseline.yaml"
+    path.write_text(
+        "# guarded metrics\n"
+        + yaml.safe_dump(
+            {
+                "metrics": {
+                    "pretrain/metrics.json": {
+                        "val_loss": {"baseline": 6.0, "direction": "lower", "tolerance": 0.05}
+                    },
+                    "spam/metrics.json": {
+                        "test.accuracy": {"baseline": 0.9, "direction": "higher", "tolerance": 0.01}
+                    },
+                }
+            }
+        )
+    )
+    return path
+
+
+def statuses(baseline: Path, reports: Path) -> dict[str, str]:
+    return {row.metric: row.status for row in compare(load_baseline(baseline), reports)}
+
+
+def test_within_tolerance_passes_and_regressions_fail(tmp_path: Path, baseline: Path) -> None:
+    assert statuses(baseline, write_reports(tmp_path, 6.04, 0.895)) == {
+        "val_loss": "ok",
+        "test.accuracy": "ok",
+    }
+    assert statuses(baseline, write_reports(tmp_path, 6.06, 0.95)) == {
+        "val_loss": "regressed",
+        "test.accuracy": "improved",
+    }
+    assert statuses(baseline, write_reports(tmp_path, 5.0, 0.85))["test.accuracy"] == "regressed"
+
+
+def test_cli_exit_codes_and_table(tmp_path: Path, baseline: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reports = write_reports(tmp_path, 5.9, 0.91)
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 0
+    out = capsys.readouterr().out
+    assert "| pretrain/metrics.json | val_loss | 6 | 5.9 | -0.1 | lower | 0.05 | improved |" in out
+
+    reports = write_reports(tmp_path, 7.0, 0.91)
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "FAILED: 1 of 2" in capsys.readouterr().out
+
+
+def test_missing_metric_fails(tmp_path: Path, baseline: Path) -> None:
+    reports = write_reports(tmp_path, 6.0, 0.9)
+    (reports / "spam" / "metrics.json").unlink()
+    rows = compare(load_baseline(baseline), reports)
+    assert [row.failed for row in rows] == [False, True]
+
+
+def test_update_baseline_keeps_direction_and_tolerance(tmp_path: Path, baseline: Path) -> None:
+    reports = write_reports(tmp_path, 7.25, 0.5)
+    update_baseline(baseline, reports)
+    assert baseline.read_text().startswith("# guarded metrics\n")
+    updated = load_baseline(baseline)
+    assert updated["pretrain/metrics.json"]["val_loss"].baseline == 7.25
+    assert updated["spam/metrics.json"]["test.accuracy"].direction == "higher"
+    assert updated["spam/metrics.json"]["test.accuracy"].tolerance == 0.01
+    assert all(row.status == "ok" for row in compare(updated, reports))
+
+
+def test_bad_baseline_entry_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump({"metrics": {"a.json": {"loss": {"baseline": 1.0, "direction": "down"}}}}))
+    with pytest.raises(ConfigError, match=r"metrics\.a\.json\.loss\.direction"):
+        load_baseline(path)
+
+
+def baseline_for(project: Path, name: str, reports: str, val_loss: float) -> Path:
+    """baselines/<name>.yaml in `project`, holding the values of `reports` (project-relative)."""
+    path = project / "baselines" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    guard = {"val_loss": {"baseline": val_loss, "direction": "lower", "tolerance": 0.05}}
+    path.write_text(yaml.safe_dump({"reports": reports, "metrics": {"pretrain/metrics.json": guard}}))
+    return path
+
+
+def test_check_without_arguments_pairs_each_baseline_with_its_own_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_reports(tmp_path, 6.5, 0.9)  # the reference run, in reports/
+    baseline_for(tmp_path, "reference", "reports", 6.5)
+    smoke = baseline_for(tmp_path, "smoke", ".gptlab/smoke/reports", 3.0)
+    # No smoke run yet: only the reference pair is checked, and it passes.
+    assert main(["metrics", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: 1 metrics within tolerance of baselines/reference.yaml" in out and "smoke" not in out
+
+    write_reports(tmp_path / ".gptlab" / "smoke", 3.01, 0.9)
+    assert main(["metrics", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "## .gptlab/smoke/reports against baselines/smoke.yaml" in out
+    # --reports alone finds the baseline that guards it; the reference's 6.5 never meets the smoke's 3.0.
+    assert main(["metrics", "check", "--reports", ".gptlab/smoke/reports"]) == 0
+    assert "OK: 1 metrics within tolerance of baselines/smoke.yaml" in capsys.readouterr().out
+
+    # A cross pair, asked for by name, is compared, but never offered as a new baseline.
+    assert main(["metrics", "check", "--baseline", str(smoke), "--reports", "reports"]) == 1
+    out = capsys.readouterr().out
+    assert "holds the values of .gptlab/smoke/reports, not of reports" in out
+    assert f"update-baseline --baseline {smoke}\n" not in out
+    before = smoke.read_text()
+    assert main(["metrics", "update-baseline", "--baseline", str(smoke), "--reports", "reports"]) == 2
+    assert "would replace one run's baseline with another's" in capsys.readouterr().err
+    assert smoke.read_text() == before
+    # Its own reports, regressed: the fix offered is to update that very baseline.
+    write_reports(tmp_path / ".gptlab" / "smoke", 3.5, 0.9)
+    assert main(["metrics", "check", "--reports", ".gptlab/smoke/reports"]) == 1
+    assert "If the change is intended: gptlab metrics update-baseline --baseline baselines/smoke.yaml" in (
+        capsys.readouterr().out
+    )
+    assert main(["metrics", "update-baseline", "--baseline", "baselines/smoke.yaml"]) == 0
+    assert load_baseline(smoke)["pretrain/metrics.json"]["val_loss"].baseline == 3.5
+
+
+def test_check_without_any_run_says_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    baseline_for(tmp_path, "smoke", ".gptlab/smoke/reports", 3.0)
+    assert main(["metrics", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "no run to check" in err and ".gptlab/smoke/reports" in err and "gptlab smoke" in err
+    write_reports(tmp_path / "elsewhere", 3.0, 0.9)
+    assert main(["metrics", "check", "--reports", "elsewhere/reports"]) == 2
+    assert "no baseline in baselines/ guards elsewhere/reports" in capsys.readouterr().err
+
+
+def test_committed_baselines_each_name_their_run_and_the_reference_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(project)
+    named = {path.name: guarded_reports(path) for path in (project / "baselines").glob("*.yaml")}
+    assert named == {"smoke.yaml": Path(".gptlab/smoke/reports"), "reference.yaml": Path("reports")}
+    # The committed reference run's reports pass against their own baseline.
+    guarded = sum(len(guards) for guards in load_baseline(project / "baselines/reference.yaml").values())
+    assert guarded >= 8  # the pretrain and eval losses and perplexities at least
+    assert main(["metrics", "check", "--reports", "reports"]) == 0
+    assert f"OK: {guarded} metrics within tolerance of baselines/reference.yaml" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+"""`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptlab.cli.main import main
+from gptlab.errors import GptlabError
+from gptlab.experiments.smoke import WORKSPACE_MARKER, mark_workspace, prepare_workspace, workspace_lock
+
+from helpers import PROJECT_ROOT
+
+
+def smoke(project: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    monkeypatch.chdir(project)
+    return main(["smoke", "--no-check", *args])
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A project clone with a commit and an uncommitted file: what `--workdir .` once emptied."""
+    project = tmp_path / "clone"
+    project.mkdir()
+    (project / "dvc.yaml").write_text("stages: {}\n", encoding="utf-8")
+    (project / "profiles").mkdir()
+    for name in ("params.yaml", "profiles/smoke.yaml"):
+        shutil.copy2(PROJECT_ROOT / name, project / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], cwd=project, check=True)
+    (project / "notes.txt").write_text("uncommitted\n", encoding="utf-8")
+    return project
+
+
+@pytest.mark.parametrize("workdir", [".", "..", "sub/.."], ids=["the project", "above it", "dotted"])
+def test_smoke_refuses_the_project_and_any_folder_holding_it(
+    clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], workdir: str
+) -> None:
+    before = tree(clone.parent)
+    assert smoke(clone, monkeypatch, "--workdir", workdir) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds the project itself" in err
+    assert tree(clone.parent) == before  # .git, sources and uncommitted files all there
+
+
+def test_smoke_refuses_a_users_folder_and_deletes_nothing(
+    clone: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    users = tmp_path / "mine"
+    (users / "keep").mkdir(parents=True)
+    (users / "keep" / "thesis.txt").write_text("four years of work\n", encoding="utf-8")
+    assert smoke(clone, monkeypatch, "--workdir", str(users), "--fresh") == 2
+    err = capsys.readouterr().err
+    assert f"--workdir {users}: not empty and not made by gptlab smoke; nothing was deleted" in err
+    assert tree(users) == {"keep/thesis.txt": b"four years of work\n"}
+
+
+def test_a_second_smoke_refuses_while_the_first_runs(
+    clone: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workdir = tmp_path / "ws"
+    prepare_workspace(clone, workdir, {})
+    before = tree(workdir)
+    with workspace_lock(workdir):  # the first run holds it
+        assert smoke(clone, monkeypatch, "--workdir", str(workdir)) == 2
+    assert "another gptlab smoke is running there (pid " in capsys.readouterr().err
+    assert tree(workdir) == before
+
+
+def test_a_finished_workspace_is_replaced_only_while_it_holds_just_what_its_run_made(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "ws"
+    prepare_workspace(PROJECT_ROOT, workdir, {})
+    mark_workspace(workdir, finished=True)
+    (workdir / "scratch").write_text("mine\n", encoding="utf-8")  # made after the run: the user's
+
+    with pytest.raises(GptlabError, match=r"holds work made after the last smoke run \(scratch\)"):
+        prepare_workspace(PROJECT_ROOT, workdir, {})
+    assert (workdir / "scratch").read_text(encoding="utf-8") == "mine\n"
+
+    (workdir / "scratch").unlink()
+    prepare_workspace(PROJECT_ROOT, workdir, {})  # untouched since its run: gptlab's to replace
+    assert (workdir / WORKSPACE_MARKER).is_file() and (workdir / "dvc.yaml").is_file()
+
+
+def test_a_dvc_experiment_made_in_the_workspace_is_kept_unless_fresh(tmp_path: Path) -> None:
+    workdir = tmp_path / "ws"
+    prepare_workspace(PROJECT_ROOT, workdir, {})
+    mark_workspace(workdir, finished=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    # What `dvc exp run` leaves in git: a ref under refs/exps (no file in the work tree changes).
+    subprocess.run(["git", "update-ref", "refs/exps/ab/cdef/my-lr-try", head], cwd=workdir, check=True)
+
+    with pytest.raises(GptlabError, match=r"refs/exps/ab/cdef/my-lr-try.*Pass --fresh to replace it"):
+        prepare_workspace(PROJECT_ROOT, workdir, {})
+    prepare_workspace(PROJECT_ROOT, workdir, {}, fresh=True)
+    refs = subprocess.run(["git", "for-each-ref"], cwd=workdir, capture_output=True, text=True).stdout
+    assert "refs/exps" not in refs

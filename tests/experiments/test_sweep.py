@@ -1,0 +1,622 @@
+"""`gptlab sweep`: sweep files, the DVC queue, the table, the MLflow grouping; one tiny sweep end to end."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+import torch
+import yaml
+
+from gptlab.errors import GptlabError, InputError
+from gptlab.experiments.profiles import merge_overrides
+from gptlab.experiments.sweep import (
+    Dvc,
+    Experiment,
+    Row,
+    Sweep,
+    load_sweep,
+    queue,
+    run_queue,
+    same_model_groups,
+    table_columns,
+    to_csv,
+    to_markdown,
+)
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPTModel
+from gptlab.model.lora import add_lora
+from gptlab.schema import ConfigError
+from gptlab.tasks.classifier import count_trainable, make_classifier
+
+from helpers import PROJECT_ROOT, copy_project, dvc, git, write_committed_params
+
+PARAMS = PROJECT_ROOT / "params.yaml"
+
+
+def write_sweep(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_committed_spam_sweep_holds_the_books_variants() -> None:
+    sweep = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
+    assert sweep.stage == "spam-finetune" and sweep.name == "spam"
+    variants = sweep.variants
+    # Every variant sets every swept key: params.yaml's value where the file gives none.
+    swept = {key for changes in sweep.changes.values() for key in changes}
+    assert all(swept <= set(overrides) for overrides in variants.values())
+    trainables = {(v["spam.trainable"], v["spam.trainable_blocks"]) for v in variants.values()}
+    assert {("head", 1), ("last_blocks", 1), ("last_blocks", 2), ("all", 1), ("lora", 1)} <= trainables
+    assert {"last", "first", "mean", "mean_all"} == {v["spam.pooling"] for v in variants.values()}
+    assert sweep.changes["lora_appendix_e"] == {
+        "spam.trainable": "lora",
+        "spam.lora.rank": 16,
+        "spam.lora.alpha": 16,
+        "spam.train.lr": 0.0008,
+    }
+    assert variants["last_block"]["spam.train.lr"] == 5e-05  # the schema's float, not YAML's '5e-05'
+    assert set(sweep.notes) <= set(sweep.variants)
+    load_sweep(PROJECT_ROOT / "sweeps" / "instruct.yaml", PARAMS)
+
+
+def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
+    """The smoke profile trains every layer (spam.trainable: all): the variants override it, each its own way."""
+    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
+    sweep = load_sweep(
+        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, profile_name="smoke", name="spam-smoke"
+    )
+    plain = load_sweep(PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS)
+    # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
+    assert sweep.changes == plain.changes  # what each variant itself changes
+    trains = {v: (p["spam.trainable"], p["spam.trainable_blocks"]) for v, p in sweep.effective.items()}
+    assert trains["last_block"] == ("last_blocks", 1) and trains["last_two_blocks"] == ("last_blocks", 2)
+    assert trains["all_layers"] == ("all", 1)
+    assert sweep.effective["last_block"]["spam.train.lr"] == 0.002  # the smoke profile's
+    assert sweep.effective["lora_appendix_e"]["spam.train.lr"] == 0.0008
+    assert sweep.effective["lora"]["gpt2.source"] == "pretrain"  # the profile's other keys stay
+    assert sweep.effective["lora"]["spam.train.epochs"] == 4
+    # Each variant differs from chapter 6's setting in exactly what the file says it changes.
+    base = sweep.effective["last_block"]
+    for variant, params in sweep.effective.items():
+        differ = {k for k in params if params[k] != base[k] and not k.startswith("tracking.")}
+        assert differ == {k for k, v in sweep.changes[variant].items() if base[k] != v}, variant
+    # The table's rows differ, and say which two train the same model under gpt2.source: pretrain.
+    rows = [Row(v, sweep.experiment(v), "queued", p, {}) for v, p in sweep.effective.items()]
+    cells = to_markdown(sweep, rows, commit=None, csv_name="x.csv").splitlines()
+    table = [line.split(" | ", 1)[1] for line in cells if line.startswith("| `")]
+    assert len(set(table)) == len(table) == 12
+    assert "| `last_block` | last 1 block + final norm + head | models/pretrain (as gpt2-small) | last |" in (
+        "\n".join(cells)
+    )
+    assert same_model_groups(sweep.stage, sweep.effective) == [["last_block", "gpt2_medium"]]
+    assert "`last_block` and `gpt2_medium` train the same model" in "\n".join(cells)
+    assert "The `smoke` profile's `spam.trainable` is a setting this sweep compares" in "\n".join(cells)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"stage": "spam-finetune", "variants": {"a": {}}, "grid": {}}, "unknown key 'grid'"),
+        ({"stage": "pretrain", "variants": {"a": {}}}, "stage: expected one of"),
+        ({"stage": "spam-finetune", "variants": {}}, "variants: expected a mapping"),
+        ({"stage": "spam-finetune", "variants": {"Bad-Name": {}}}, "variants.Bad-Name: a variant name"),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"spam": {"trainable": "some"}}}},
+            "variants.a: spam.trainable: expected one of",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"spam": {"lora": {"rank": 0}}}}},
+            "variants.a: spam.lora.rank: expected a positive integer",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {"tracking": {"sweep": "x"}}}},
+            "tracking.sweep is set by the sweep itself",
+        ),
+        ({"stage": "spam-finetune", "variants": {"a": {}}, "notes": {"b": "x"}}, "notes: 'b' is not one"),
+        ({"stage": "spam-finetune", "base": [1], "variants": {"a": {}}}, "base: expected a mapping"),
+    ],
+)
+def test_sweep_file_mistakes_are_refused_naming_the_key(
+    tmp_path: Path, data: dict[str, Any], message: str
+) -> None:
+    with pytest.raises((InputError, ConfigError), match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_sweep(write_sweep(tmp_path / "s.yaml", data), PARAMS)
+
+
+def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Path) -> None:
+    path = write_sweep(
+        tmp_path / "mine.yaml",
+        {
+            "stage": "spam-finetune",
+            "base": {"spam": {"train": {"epochs": 2}}},
+            "variants": {
+                "plain": {},
+                "lora": {"spam": {"trainable": "lora", "train": {"epochs": 3}}},
+                "first": {"spam": {"pooling": "first"}},
+            },
+        },
+    )
+    profile = {
+        "gpt2": {"source": "pretrain"},
+        "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
+    }
+    sweep = load_sweep(path, PARAMS, profile=profile)
+    assert sweep.name == "mine"
+    # Every swept key is pinned: the profile's trainable is lora's, so plain takes params.yaml's;
+    # the base's epochs win over the profile's; the profile's pooling is no variant's, so it stays.
+    assert sweep.variants["plain"] == {
+        "gpt2.source": "pretrain",
+        "spam.trainable": "last_blocks",
+        "spam.pooling": "mean",
+        "spam.train.lr": 0.01,
+        "spam.train.epochs": 2,
+    }
+    assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
+    assert sweep.variants["lora"]["spam.train.epochs"] == 3 and sweep.changes["lora"] == {
+        "spam.trainable": "lora",
+        "spam.train.epochs": 3,
+    }
+    assert sweep.effective["first"]["spam.trainable_blocks"] == 1  # params.yaml's, untouched by anyone
+    args = sweep.set_arguments("lora")
+    assert args[-4:] == ["-S", 'tracking.sweep="mine"', "-S", 'tracking.sweep_variant="lora"']
+    assert sweep.experiment("lora") == "mine-lora"
+
+
+@pytest.mark.parametrize(
+    ("variants", "profile", "message"),
+    [
+        # b sets params.yaml's own value.
+        ({"a": {}, "b": {"spam": {"trainable": "last_blocks"}}}, None, "variants a and b run with"),
+        # The profile's trainable is b's setting, so a takes params.yaml's, which b sets as well.
+        (
+            {"a": {}, "b": {"spam": {"trainable": "last_blocks"}}},
+            {"spam": {"trainable": "last_blocks", "train": {"epochs": 4}}},
+            "variants a and b run with the same params on the p profile",
+        ),
+    ],
+)
+def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
+    tmp_path: Path, variants: dict[str, Any], profile: dict[str, Any] | None, message: str
+) -> None:
+    path = write_sweep(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
+    with pytest.raises(InputError, match=message):
+        load_sweep(path, PARAMS, profile=profile, profile_name="p" if profile else None)
+
+
+class FakeDvc:
+    """The dvc commands a sweep runs, answered from a script of `dvc exp show` states."""
+
+    def __init__(self, states: list[dict[str, str] | GptlabError], workers: tuple[int, int] = (1, 0)) -> None:
+        self.states = states
+        self.calls: list[tuple[str, ...]] = []
+        self._workers = workers
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        if args[:2] == ("exp", "remove"):
+            self.states = [{}] + self.states[1:]
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def experiments(self) -> list[Experiment]:
+        state = self.states[0] if len(self.states) == 1 else self.states.pop(0)
+        if isinstance(state, GptlabError):
+            raise state
+        return [
+            Experiment(name, value, f"rev-{name}", {"spam.trainable": "all"}) for name, value in state.items()
+        ]
+
+    def workers(self) -> tuple[int, int]:
+        return self._workers
+
+
+def tiny_sweep() -> Sweep:
+    return Sweep(
+        name="s",
+        stage="spam-finetune",
+        source=Path("sweeps/s.yaml"),
+        variants={"a": {}, "b": {"spam.trainable": "lora"}},
+        changes={"a": {}, "b": {"spam.trainable": "lora"}},
+    )
+
+
+def test_names_taken_by_earlier_experiments_need_replace() -> None:
+    fake = FakeDvc([{"s-a": "success"}])
+    with pytest.raises(GptlabError, match="pass --replace"):
+        queue(tiny_sweep(), fake, out=io.StringIO())
+    assert not fake.calls
+
+    fake = FakeDvc([{"s-a": "failed"}, {}])
+    queue(tiny_sweep(), fake, replace=True, out=io.StringIO())
+    assert fake.calls[0] == ("exp", "remove", "s-a")
+    queued = [c for c in fake.calls if c[:3] == ("exp", "run", "--queue")]
+    assert [c[4] for c in queued] == ["s-a", "s-b"] and all(c[-1] == "spam-finetune" for c in queued)
+
+    with pytest.raises(GptlabError, match="are running"):
+        queue(tiny_sweep(), FakeDvc([{"s-b": "running"}]), replace=True, out=io.StringIO())
+
+
+def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done() -> None:
+    fake = FakeDvc(
+        [
+            {"s-a": "queued", "s-b": "queued"},
+            {"s-a": "running", "s-b": "queued"},
+            {"s-a": "success", "s-b": "queued"},
+            {"s-a": "success", "s-b": "failed"},
+        ]
+    )
+    out = io.StringIO()
+    found = run_queue(tiny_sweep(), fake, jobs=3, poll_seconds=0, out=out)
+    assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
+    assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
+    assert "s-b: failed (2/2 done)" in out.getvalue()
+
+
+def test_a_passing_exp_show_failure_while_workers_start_is_polled_again() -> None:
+    vanished = GptlabError(
+        "`dvc exp show --json ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
+    )
+    fake = FakeDvc([{"s-a": "running", "s-b": "queued"}, vanished, {"s-a": "success", "s-b": "success"}])
+    found = run_queue(tiny_sweep(), fake, jobs=2, poll_seconds=0, out=io.StringIO())
+    assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "success"}
+
+    with pytest.raises(GptlabError, match="does not exist"):
+        run_queue(
+            tiny_sweep(),
+            FakeDvc([{"s-a": "running"}, *[vanished] * 6]),
+            jobs=2,
+            poll_seconds=0,
+            out=io.StringIO(),
+        )
+
+
+def test_a_queue_without_workers_is_an_error_not_a_hang() -> None:
+    fake = FakeDvc([{"s-a": "queued", "s-b": "queued"}], workers=(0, 0))
+    with pytest.raises(GptlabError, match="no worker"):
+        run_queue(tiny_sweep(), fake, jobs=1, poll_seconds=0, out=io.StringIO())
+
+
+CHAPTER_6 = {  # the effective params a row holds (those the table reads)
+    "spam.trainable": "last_blocks",
+    "spam.trainable_blocks": 1,
+    "spam.lora.rank": 16,
+    "spam.lora.alpha": 16,
+    "spam.base_model": "gpt2-small",
+    "spam.base_weights": "pretrained",
+    "gpt2.source": "huggingface",
+    "spam.pooling": "last",
+    "spam.max_length": None,
+    "spam.train.lr": 5e-05,
+}
+
+
+def test_table_shows_each_variants_effective_settings_and_marks_failures() -> None:
+    sweep = dataclasses.replace(
+        tiny_sweep(), variants={"a": {}, "b": {"spam.trainable": "lora", "spam.train.lr": 0.001}}
+    )
+    rows = [
+        Row(
+            "a",
+            "s-a",
+            "success",
+            CHAPTER_6,
+            {"trainable_params": 1234, "train_accuracy": 0.5, "test_accuracy": 0.25},
+            3.21,
+            "r1",
+        ),
+        Row("b", "s-b", "failed", {**CHAPTER_6, "spam.trainable": "lora", "spam.train.lr": 0.001}, {}),
+    ]
+    # Every param the settings read, then the others that differ.
+    assert table_columns(sweep, rows) == list(CHAPTER_6)
+    text = to_csv(sweep, rows)
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert list(parsed[0]) == [
+        "variant",
+        "experiment",
+        "status",
+        *CHAPTER_6,
+        "trainable_params",
+        "train_accuracy",
+        "val_accuracy",
+        "test_accuracy",
+        "wall_seconds",
+        "mlflow_run_id",
+    ]
+    assert parsed[0]["spam.trainable"] == "last_blocks" and parsed[1]["spam.train.lr"] == "0.001"
+    assert parsed[0]["test_accuracy"] == "0.25" and parsed[0]["wall_seconds"] == "3.21"
+    assert parsed[1]["status"] == "failed" and parsed[1]["test_accuracy"] == ""
+    markdown = to_markdown(sweep, rows, commit="abc1234", csv_name="s.csv")
+    assert (
+        "| variant | trains | base model | pooling | max length | `spam.train.lr` | trainable params |"
+        in markdown
+    )
+    assert (
+        "| `a` | last 1 block + final norm + head | OpenAI's gpt2-small | last | longest training message "
+        "| 5e-05 | 1,234 | 50.00 % | — | 25.00 % | 3.2 s | success |"
+    ) in markdown
+    assert "| `b` | LoRA rank 16, alpha 16 | OpenAI's gpt2-small |" in markdown
+    assert "failed (`dvc queue logs s-b`)" in markdown
+    assert "tags.gptlab.sweep = 's'" in markdown
+    assert "train the same model" not in markdown  # OpenAI's gpt2-small is no stand-in
+
+    # With our own pretrained model as every base, gpt2-medium names the same weights: the table says so.
+    ours = {**CHAPTER_6, "gpt2.source": "pretrain"}
+    rows = [
+        Row("a", "s-a", "success", ours, {}),
+        Row("m", "s-m", "success", {**ours, "spam.base_model": "gpt2-medium"}, {}),
+    ]
+    markdown = to_markdown(sweep, rows, commit=None, csv_name="s.csv")
+    assert "| `m` | last 1 block + final norm + head | models/pretrain (as gpt2-medium) |" in markdown
+    assert "`a` and `m` train the same model: with `gpt2.source: pretrain`" in markdown
+
+
+def test_sweep_outside_a_git_repository_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptlab.cli.main import main
+
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert main(["sweep", "spam"]) == 2
+
+
+def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gptlab sweep --profile`: the profile trains every layer, yet each variant trains what it says."""
+    from gptlab.cli.main import main
+
+    (tmp_path / "sweeps").mkdir()
+    sweep_file = write_sweep(
+        tmp_path / "sweeps" / "blocks.yaml",
+        {
+            "stage": "spam-finetune",
+            "variants": {
+                "last_block": {},
+                "last_two_blocks": {"spam": {"trainable_blocks": 2}},
+                "all_layers": {"spam": {"trainable": "all"}},
+            },
+        },
+    )
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "everything.yaml").write_text("spam:\n  trainable: all\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    write_committed_params(tmp_path)
+    git(tmp_path, "init", "-q")
+    dvc(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "a project")
+    monkeypatch.chdir(tmp_path)
+
+    # What each variant is queued with: the swept keys pinned, over the profile's.
+    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", profile={"spam": {"trainable": "all"}})
+    fake = FakeDvc([{}])
+    queue(sweep, fake, out=io.StringIO())
+    queued = {c[4]: c for c in fake.calls if c[:3] == ("exp", "run", "--queue")}
+    assert {"-S", 'spam.trainable="last_blocks"', "spam.trainable_blocks=1"} <= set(
+        queued["blocks-last_block"]
+    )
+    assert 'spam.trainable="last_blocks"' in queued["blocks-last_two_blocks"]
+
+    # The command itself, writing the table of the (not yet run) variants: three distinct rows.
+    assert main(["sweep", "blocks", "--profile", "everything", "--collect", "--out", "tables"]) == 1
+    err = capsys.readouterr().err
+    assert "note: the everything profile's spam.trainable is a setting this sweep compares" in err
+    assert 'the variants that set no spam.trainable take params.yaml\'s "last_blocks" instead' in err
+    rows = {row["variant"]: row for row in csv.DictReader((tmp_path / "tables/blocks-everything.csv").open())}
+    assert [(rows[v]["spam.trainable"], rows[v]["spam.trainable_blocks"]) for v in rows] == [
+        ("last_blocks", "1"),
+        ("last_blocks", "2"),
+        ("all", "1"),
+    ]
+    markdown = (tmp_path / "tables/blocks-everything.md").read_text()
+    for variant, trains in [
+        ("last_block", "last 1 block + final norm + head"),
+        ("last_two_blocks", "last 2 blocks + final norm + head"),
+        ("all_layers", "every weight"),
+    ]:
+        assert f"| `{variant}` | {trains} | OpenAI's gpt2-small | last |" in markdown
+
+    # A variant that adds nothing to the profile's setting is refused before anything is queued.
+    write_sweep(
+        sweep_file,
+        {"stage": "spam-finetune", "variants": {"mine": {}, "again": {"spam": {"pooling": "last"}}}},
+    )
+    assert main(["sweep", "blocks", "--profile", "everything"]) == 2
+    assert (
+        "variants mine and again run with the same params on the everything profile"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+# --------------------------------------------------------------------------- end to end
+
+# Smaller than the smoke profile: a 1-layer model pretrained for 2 steps, 16 messages per split.
+TINY_PARAMS = {
+    "tracking": {"experiment": "gptlab-sweep-test", "system_metrics": False, "log_models": False},
+    "checkpoints": {"every_steps": 20},
+    "tokenize": {"spam": {"max_rows": 16}, "instruct": {"max_records": 8}},
+    "pretrain": {
+        "model": {"context_length": 128, "emb_dim": 32, "n_layers": 1, "n_heads": 2},
+        "data": {"max_length": 128, "stride": 128},
+        "train": {"epochs": 1, "max_steps": 2},
+        "sample": {"max_new_tokens": 4},
+    },
+    "gpt2": {"source": "pretrain"},
+    "spam": {"trainable": "all", "train": {"epochs": 1, "lr": 0.002, "eval_freq": 1, "eval_iter": 1}},
+}
+VARIANTS = {
+    "all": {},
+    "lora": {"spam": {"trainable": "lora", "lora": {"rank": 4, "alpha": 8}}},
+    "mean_all": {"spam": {"pooling": "mean_all"}},
+}
+
+
+def expected_trainable() -> dict[str, int]:
+    """The tiny classifier's trainable parameters: all of them, or LoRA's (load-gpt2 adds qkv biases)."""
+    cfg = ModelConfig(vocab_size=50257, context_length=128, emb_dim=32, n_heads=2, n_layers=1, qkv_bias=True)
+    counts = {}
+    for variant in ("all", "lora"):
+        with torch.device("meta"):
+            model = make_classifier(GPTModel(cfg), 2, trainable=variant, trainable_blocks=1, seed=0)
+            if variant == "lora":
+                add_lora(model, 4, 8)
+        counts[variant] = count_trainable(model)
+    counts["mean_all"] = counts["all"]
+    return counts
+
+
+@pytest.mark.slow
+def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs(
+    tmp_path: Path, shared_data: Path, isolated_tools: str
+) -> None:
+    """The recommended way: the shared stages run and committed once, then the variants in DVC's queue."""
+    project = tmp_path / "project"
+    copy_project(project)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(
+        yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
+    )
+    write_sweep(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
+    env = {
+        **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
+        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "OMP_NUM_THREADS": "1",  # tiny models: threads only add overhead on a shared CPU
+    }
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    dvc(project, "repro", "load-gpt2", env=env)
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "the shared stages, run once")
+
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "check"]
+    proc = subprocess.run(
+        [*gptlab, "--jobs", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "note:" not in proc.stderr, proc.stderr  # nothing shared runs again
+
+    # The table: one row per variant, its params, trainable count, accuracies and time.
+    rows = {row["variant"]: row for row in csv.DictReader((project / "reports/sweeps/check.csv").open())}
+    assert set(rows) == set(VARIANTS)
+    trainable = expected_trainable()
+    for variant, row in rows.items():
+        assert row["status"] == "success" and row["experiment"] == f"check-{variant}"
+        assert row["gpt2.source"] == "pretrain"
+        assert int(row["trainable_params"]) == trainable[variant], variant
+        for split in ("train", "val", "test"):
+            assert 0.0 <= float(row[f"{split}_accuracy"]) <= 1.0
+        assert float(row["wall_seconds"]) > 0
+    assert [rows[v]["spam.trainable"] for v in VARIANTS] == ["all", "lora", "all"]
+    assert [rows[v]["spam.pooling"] for v in VARIANTS] == ["last", "last", "mean_all"]
+    markdown = (project / "reports/sweeps/check.md").read_text()
+    assert all(f"| `{variant}` |" in markdown for variant in VARIANTS)
+
+    # DVC lists every variant as an experiment, with the sweep's params.
+    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    experiments = {e["name"]: e for row in shown for e in (row.get("experiments") or [])}
+    assert {f"check-{v}" for v in VARIANTS} <= set(experiments)
+    params = experiments["check-lora"]["revs"][0]["data"]["params"]["params.yaml"]["data"]
+    assert params["tracking"]["sweep"] == "check" and params["spam"]["lora"]["rank"] == 4
+
+    # MLflow: one run per variant, tagged with the sweep, named after the variant.
+    client = mlflow.MlflowClient(tracking_uri=isolated_tools)
+    experiment = client.get_experiment_by_name("gptlab-sweep-test")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.sweep` = 'check'")
+    assert sorted(r.data.tags["gptlab.sweep_variant"] for r in runs) == sorted(VARIANTS)
+    assert {r.info.run_name for r in runs} == {f"spam-finetune/{v}" for v in VARIANTS}
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    by_variant = {r.data.tags["gptlab.sweep_variant"]: r for r in runs}
+    for variant, row in rows.items():
+        run = by_variant[variant]
+        assert row["mlflow_run_id"] == run.info.run_id
+        assert float(row["wall_seconds"]) == pytest.approx(float(run.data.tags["gptlab.wall_seconds"]))
+        assert int(run.data.tags["gptlab.trainable_params"]) == trainable[variant]
+    # The variants took the committed shared stages from DVC's cache: pretrain ran once, in the workspace.
+    pretrain = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
+    )
+    assert len(pretrain) == 1
+
+    # A second run under the same name is refused unless asked to replace the first.
+    again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "--replace" in again.stderr
+
+
+# --------------------------------------------------------------------------- bounded waits (issue 23, case 8)
+
+
+def test_a_second_sweep_is_refused_at_once_while_one_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gptlab.cli.main import main
+
+    project = tmp_path / "project"
+    copy_project(project)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from gptlab.experiments.sweep import sweep_lock\n"
+            "with sweep_lock(Path(sys.argv[1]), 'spam'):\n    print('held', flush=True); time.sleep(120)",
+            str(project),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.chdir(project)
+        started = time.monotonic()
+        assert main(["sweep", "spam", "--name", "other"]) == 2
+        assert time.monotonic() - started < 30
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"another gptlab sweep is running in this project (sweep spam, pid {holder.pid})" in err
+
+
+def test_a_dvc_command_that_hangs_is_stopped_naming_it(tmp_path: Path) -> None:
+    hanging = tmp_path / "dvc"
+    hanging.write_text("#!/bin/sh\nexec sleep 600\n")  # a dvc that waits forever, as on a held lock
+    hanging.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(GptlabError, match=r"`dvc exp show --json \.\.\.` did not finish within 1 s"):
+        Dvc(tmp_path, dict(os.environ), str(hanging), timeout=1).experiments()
+    assert time.monotonic() - started < 10
+
+
+def test_a_queue_without_progress_says_so_and_the_wait_is_bounded() -> None:
+    fake = FakeDvc([{"s-a": "running", "s-b": "queued"}])
+    out = io.StringIO()
+    with pytest.raises(GptlabError, match=r"did not finish within 0.3 s \(--timeout\)"):
+        run_queue(tiny_sweep(), fake, jobs=1, poll_seconds=0.01, timeout=0.3, stall_seconds=0.1, out=out)
+    assert (
+        "no change for 0.1 s: s-a running, s-b queued; DVC's queue has 1 active, 0 idle workers"
+        in out.getvalue()
+    )
+
+
+def test_the_sweep_commands_wait_has_a_default_bound() -> None:
+    from gptlab.cli.main import build_parser
+
+    assert build_parser().parse_args(["sweep", "spam"]).timeout == 24 * 3600

@@ -1,0 +1,371 @@
+"""The pretrain and eval stages end to end through the real `dvc repro`, killed and resumed, on a tiny GPT."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from gptlab.data import spam, verdict
+from gptlab.errors import InputError
+from gptlab.model.checkpoint import list_checkpoints, load_model
+from gptlab.pipeline.params import load_params
+from gptlab.pipeline.plots import plot_losses
+from gptlab.schema import ConfigError
+from gptlab.tracking.lineage import weights_sha256
+from gptlab.tracking.runs import tracking_uri
+from stages import pretrain as pretrain_stage
+
+import helpers
+from helpers import committed_params_raw, copy_code, git
+
+OUTPUTS = (
+    "reports/pretrain/metrics.json",
+    "reports/pretrain/counts.json",
+    "reports/pretrain/losses.csv",
+    "reports/pretrain/loss.png",
+    "models/pretrain/model.safetensors",
+    "models/pretrain/config.json",
+)
+
+
+def tiny_params(project: Path) -> None:
+    """The committed params.yaml shrunk: 2 epochs x 12 steps of a 2-layer model, and few spam/instruct rows."""
+    params = committed_params_raw()
+    params["tokenize"]["spam"]["max_rows"] = 20
+    params["tokenize"]["instruct"]["max_records"] = 5
+    pretrain = params["pretrain"]
+    pretrain["model"].update(context_length=32, emb_dim=32, n_layers=2, n_heads=2)
+    pretrain["data"].update(max_length=32, stride=48)  # 4,612 training tokens: 96 windows, 12 batches
+    pretrain["train"].update(batch_size=8, epochs=2, lr=0.005, eval_freq=4, eval_iter=2, device="cpu")
+    params["checkpoints"]["every_steps"] = 4
+    pretrain["sample"]["max_new_tokens"] = 6
+    for sample in params["eval"]["samples"].values():
+        sample["max_new_tokens"] = 5
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A git + DVC repo holding a copy of the pipeline's definition and code."""
+    copy_code(tmp_path)
+    tiny_params(tmp_path)
+    git(tmp_path, "init", "-q")
+    dvc(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "tiny")
+    return tmp_path
+
+
+def env() -> dict[str, str]:
+    # One thread: much faster for a tiny model on a busy CPU; the same for every run compared.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return helpers.dvc(project, *args, env=env(), timeout=600)
+
+
+def snapshot(project: Path) -> dict[str, bytes]:
+    return {name: (project / name).read_bytes() for name in OUTPUTS}
+
+
+def newest_step(project: Path) -> int:
+    runs = project / ".gptlab" / "runs" / "pretrain"
+    found = [int(c.name.removeprefix("step-")) for run in runs.glob("*") for c in list_checkpoints(run)]
+    return max(found, default=0)
+
+
+def kill_mid_run(project: Path, delay: float) -> None:
+    """`dvc repro pretrain`, killed with SIGKILL (dvc and the stage together) `delay` s after its first new checkpoint."""
+    after_step = newest_step(project) + 1
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dvc")), "repro", "pretrain"],
+        cwd=project,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill takes the stage down too
+    )
+    deadline = time.monotonic() + 300
+    while newest_step(project) < after_step:
+        assert proc.poll() is None, f"the pretrain stage ended before step {after_step}"
+        assert time.monotonic() < deadline, f"no checkpoint of step {after_step} within 300 s"
+        time.sleep(0.02)
+    time.sleep(delay)  # somewhere in the next steps, evaluations or saves
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the kill"
+
+
+@pytest.mark.slow
+def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(project: Path) -> None:
+    dvc(project, "repro", "tokenize")
+    chance = random.Random(20261130)  # three kill points, random but the same every run
+    for _ in range(3):
+        kill_mid_run(project, delay=chance.uniform(0.0, 0.3))
+
+    resumed = dvc(project, "repro", "pretrain", "eval")
+    assert "resuming from" in resumed.stderr + resumed.stdout
+    first = snapshot(project)
+    assert not list((project / ".gptlab" / "runs" / "pretrain").iterdir()), "finished runs leave no state"
+
+    # A clean rerun from scratch ends byte-identical to the interrupted-and-resumed one.
+    dvc(project, "repro", "--force", "pretrain")
+    assert snapshot(project) == first
+    assert "Stage 'eval' didn't change" in dvc(project, "repro", "eval").stdout  # same checkpoint bytes
+
+    metrics = json.loads((project / "reports/pretrain/metrics.json").read_text())
+    counted = json.loads((project / "reports/pretrain/counts.json").read_text())
+    assert counted == {"steps": 2 * 12, "epochs": 2, "tokens_seen": 24 * 8 * 32}
+    assert not {"steps", "epochs", "tokens_seen"} & set(metrics)
+    assert metrics["final_train_loss"] < metrics["initial_train_loss"] - 1.0
+    assert 10.5 < metrics["initial_val_loss"] < 11.5  # ln(50257) = 10.8: an untrained model guesses
+    losses = pd.read_csv(project / "reports/pretrain/losses.csv")
+    assert list(losses.columns) == ["step", "tokens_seen", "train_loss", "val_loss"]
+    assert losses["step"].tolist() == list(range(0, 24, 4))
+    assert (project / "reports/pretrain/loss.png").read_bytes()[:4] == b"\x89PNG"
+    model, metadata = load_model(project / "models/pretrain")
+    assert (model.cfg.emb_dim, model.cfg.context_length) == (32, 32)
+    assert (
+        metadata["stage"] == "pretrain" and metadata["metrics"] == metrics and metadata["counts"] == counted
+    )
+
+    evaluated = json.loads((project / "reports/eval/metrics.json").read_text())
+    assert set(evaluated) == {"train_loss", "val_loss", "train_perplexity", "val_perplexity"}
+    assert evaluated["val_perplexity"] == pytest.approx(2.718281828 ** evaluated["val_loss"])
+    samples = json.loads((project / "reports/eval/samples.json").read_text())
+    assert set(samples) == {"greedy", "temperature_top_k"}
+    assert all(s["text"].startswith("Every effort moves you") for s in samples.values())
+
+    shown = dvc(project, "metrics", "show", "--json").stdout
+    assert "final_val_perplexity" in shown and "val_perplexity" in shown
+    assert "reports/pretrain/losses.csv" in dvc(project, "plots", "show", "--json").stdout
+
+    client = MlflowClient(tracking_uri())
+    experiment = client.get_experiment_by_name("gptlab")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    by_name: dict[str, list] = {}
+    for run in runs:
+        by_name.setdefault(run.info.run_name, []).append(run)
+    *killed, resumed_run, rerun = by_name["pretrain"]
+    # kill -9 leaves no chance to close a run; each rerun marks its dead predecessors KILLED.
+    assert [run.info.status for run in killed] == ["KILLED"] * 3
+    assert all(run.info.status != "RUNNING" for run in runs)
+    assert resumed_run.data.tags["gptlab.resumed_from_step"].isdigit()
+    assert "gptlab.resumed_from_step" not in rerun.data.tags
+    assert rerun.data.params["pretrain.model.emb_dim"] == "32"
+    history = client.get_metric_history(rerun.info.run_id, "curves/val_loss")
+    assert [m.step for m in history] == losses["step"].tolist()
+    assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
+    assert "final/val_perplexity" in rerun.data.metrics
+    assert (
+        float(rerun.data.tags["gptlab.wall_seconds"]) > 0
+        and float(rerun.data.tags["gptlab.tokens_per_second"]) > 0
+    )
+    # The UI's first chart section is the curves; the epoch counter and time are no metrics.
+    curves = {m for m in rerun.data.metrics if m.startswith("curves/")}
+    assert curves == {"curves/train_loss", "curves/val_loss", "curves/tokens_seen", "curves/lr"}
+    assert all("/" in m for m in rerun.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
+    assert {
+        "pretrain/loss.png",
+        "pretrain/samples.txt",
+        "pretrain/reports",
+        "pretrain/stage_seconds.json",
+    } <= artifacts
+    # The checkpoint is logged once, as the run's model (a text-generation pyfunc), and registered.
+    assert "pretrain/model" not in artifacts
+    (model_output,) = client.get_run(rerun.info.run_id).outputs.model_outputs
+    assert rerun.data.tags["gptlab.model_uri"] == f"models:/{model_output.model_id}"
+    assert client.search_model_versions("name = 'gptlab-pretrain'")
+    # The initial losses once, at step 0; the final figures at the last step.
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial/val_loss")] == [0]
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final/val_loss")] == [23]
+    assert rerun.data.tags["gptlab.steps"] == "24"
+    assert rerun.data.tags["gptlab.checkpoint_sha256"] == weights_sha256(project / "models/pretrain")
+    reports = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain/reports")}
+    assert "pretrain/reports/loss.png" not in reports and "pretrain/reports/counts.json" in reports
+    # Its input: the Verdict splits, hashed as DVC hashes them.
+    (data_input,) = client.get_run(rerun.info.run_id).inputs.dataset_inputs
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["pretrain"]
+    locked = next(dep for dep in lock["deps"] if dep["path"] == "data/processed/verdict")
+    assert data_input.dataset.digest == locked["md5"]
+    assert json.loads(data_input.dataset.profile)["train_windows"] == 96
+    (eval_run,) = by_name["eval"]
+    assert {m for m in eval_run.data.metrics if not m.startswith("system/")} == {
+        "eval/train_loss",
+        "eval/val_loss",
+        "eval/train_perplexity",
+        "eval/val_perplexity",
+    }
+    # The resumed pretrain and the eval came from one `dvc repro`: one shared tag finds both.
+    assert eval_run.data.tags["gptlab.pipeline_run"] == resumed_run.data.tags["gptlab.pipeline_run"]
+    assert eval_run.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]
+    # The eval run links the pretrain run that wrote the checkpoint it scored (found by its weights).
+    assert eval_run.data.tags["gptlab.upstream_run_id"] == resumed_run.info.run_id
+    assert f"/runs/{resumed_run.info.run_id})" in eval_run.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_another_checkpoint_cadence_after_a_crash_resumes_and_reruns_no_stage(project: Path) -> None:
+    dvc(project, "repro", "tokenize")
+    kill_mid_run(project, delay=0.0)
+    params_file = project / "params.yaml"
+    params = yaml.safe_load(params_file.read_text())
+    params["checkpoints"].update(every_steps=None, every_minutes=30, keep=1)  # saving is operational
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    resumed = dvc(project, "repro", "pretrain")
+    assert "resuming from" in resumed.stderr + resumed.stdout
+    after_crash = snapshot(project)
+    params["checkpoints"].update(every_steps=2, every_minutes=None, keep=3)
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "Data and pipelines are up to date" in dvc(project, "status", "tokenize", "pretrain").stdout
+    dvc(project, "repro", "--force", "pretrain")  # uninterrupted, on yet another cadence
+    assert snapshot(project) == after_crash
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_killed_and_keeps_what_the_rerun_resumes(project: Path) -> None:
+    """What `dvc queue kill`, `timeout` and schedulers send: the run ends KILLED at once, not left RUNNING."""
+    dvc(project, "repro", "tokenize")
+    stage = subprocess.Popen(
+        [sys.executable, "stages/pretrain.py"],
+        cwd=project,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while newest_step(project) == 0:
+        assert stage.poll() is None, "the pretrain stage ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.02)
+    stage.send_signal(signal.SIGTERM)
+    _, err = stage.communicate(timeout=120)
+    assert stage.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the signal"
+
+    client = MlflowClient(tracking_uri())
+    experiment = client.get_experiment_by_name("gptlab")
+
+    def pretrain_runs() -> list:
+        return client.search_runs(
+            [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
+        )
+
+    (killed,) = pretrain_runs()  # no rerun has closed it for it
+    assert killed.info.status == "KILLED" and killed.info.end_time is not None
+    saved = newest_step(project)
+    assert saved >= 4  # the state is kept (a save in flight is finished, not cut)
+
+    resumed = subprocess.run(
+        [sys.executable, "stages/pretrain.py"], cwd=project, env=env(), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
+    counted = json.loads((project / "reports/pretrain/counts.json").read_text())
+    assert counted["steps"] == 2 * 12
+    runs = {run.info.run_id: run for run in pretrain_runs()}
+    assert runs.pop(killed.info.run_id).info.status == "KILLED"
+    (rerun,) = runs.values()
+    assert rerun.info.status == "FINISHED" and rerun.data.tags["gptlab.resumed_from_step"] == str(saved)
+
+
+def test_loss_figure_puts_epochs_below_and_tokens_seen_above() -> None:
+    history = [
+        {
+            "step": step,
+            "tokens_seen": (step + 1) * 512,
+            "train_loss": 10.0 - step,
+            "val_loss": 10.5 - step / 2,
+        }
+        for step in range(0, 9, 3)
+    ]
+    figure = plot_losses(history, steps_per_epoch=3)
+    bottom, top = figure.axes
+    train, val = bottom.lines
+    assert list(train.get_xdata()) == [1 / 3, 4 / 3, 7 / 3]  # after step s: (s + 1) / steps_per_epoch epochs
+    assert list(val.get_ydata()) == [10.5, 9.0, 7.5]
+    assert list(top.lines[0].get_xdata()) == [512, 2048, 3584]
+    assert (bottom.get_xlabel(), top.get_xlabel()) == ("Epochs", "Tokens seen")
+
+
+def test_bad_settings_and_missing_data_fail_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"verdict/train\.npy not found: run `dvc repro tokenize`"):
+        pretrain_stage.run(load_params())
+    text = (tmp_path / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text.replace("max_length: 32", "max_length: 64"))
+    with pytest.raises(ConfigError, match="pretrain.data.max_length: 64 exceeds model.context_length=32"):
+        load_params()
+    (tmp_path / "params.yaml").write_text(text.replace("lr: 0.005", "lr: fast"))
+    with pytest.raises(ConfigError, match="pretrain.train.lr: expected a float, got 'fast'"):
+        load_params()
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "models").exists()
+
+
+def test_damaged_token_ids_and_a_batch_beyond_the_data_fail_before_any_model_or_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: an IndexError traceback mid-run, or a refusal after seconds of work, before; one line now."""
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    params = load_params()
+    ids = np.arange(1000, 1400, dtype=np.int32)  # 400 tokens: 8 windows of 32, 48 apart
+    verdict.save_split(params.data.processed_dir, "val", ids)
+    damaged = ids.copy()
+    damaged[123] = 50257
+    train = verdict.save_split(params.data.processed_dir, "train", damaged)
+    with pytest.raises(InputError, match=re.escape(f"{train}: token id 50257 at index 123 is outside")):
+        pretrain_stage.run(params)
+    verdict.save_split(params.data.processed_dir, "train", ids)
+    with pytest.raises(
+        InputError, match=r"has 8 examples, fewer than one batch of pretrain\.train\.batch_size=9"
+    ):
+        pretrain_stage.run(
+            dataclasses.replace(
+                params,
+                pretrain=dataclasses.replace(
+                    params.pretrain, train=dataclasses.replace(params.pretrain.train, batch_size=9)
+                ),
+            )
+        )
+    assert not (tmp_path / "models").exists() and not (tmp_path / ".gptlab").exists()
+    assert MlflowClient(tracking_uri()).search_experiments(filter_string="name = 'gptlab'") == []
+
+
+def test_spam_refuses_a_batch_beyond_its_data_before_loading_the_base_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stages import spam_finetune
+
+    monkeypatch.chdir(tmp_path)
+    tiny_params(tmp_path)
+    params = load_params()
+    for split in spam.SPLITS:
+        frame = pd.DataFrame({"text": ["hello", "win a prize"], "label": [0, 1]})
+        spam.save_split(params.data.processed_dir, split, frame, np.array([[31373, 50256], [5404, 257]]))
+    with pytest.raises(
+        InputError, match=r"has 2 examples, fewer than one batch of spam\.train\.batch_size=8"
+    ):
+        spam_finetune.run(params)  # models/gpt2/ does not exist: the data was checked first

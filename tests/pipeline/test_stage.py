@@ -1,0 +1,46 @@
+"""The stage scripts' shared entry point: SIGTERM stops a stage as Ctrl-C does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gptlab.pipeline.params import Params
+from gptlab.pipeline.stage import Terminated, sigterm_stops, stage_main
+from gptlab.tracking.runs import stage_run, tracking_uri
+
+from helpers import write_committed_params
+
+
+def sigterm_to_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # the handler raises here, at once
+
+
+def test_sigterm_ends_the_stages_run_killed_and_the_previous_handler_returns() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_stops(), stage_run("eval", "exp-sigterm", {}) as run:
+        run_id = run.run_id
+        sigterm_to_self()
+    assert MlflowClient(tracking_uri()).get_run(run_id).info.status == "KILLED"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stage_stopped_by_sigterm_says_so_in_one_line_and_exits_143(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params_file = write_committed_params(tmp_path)
+
+    def run(params: Params) -> None:
+        sigterm_to_self()
+
+    with pytest.raises(SystemExit) as exit_info:
+        stage_main(run, "a stage", ["--params", str(params_file)])
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("stopped by SIGTERM: rerun the stage")

@@ -1,0 +1,264 @@
+"""The judge client against a real HTTP server on 127.0.0.1, speaking Ollama's and OpenAI's shapes."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from gptlab.data.instruct import format_input
+from gptlab.schema import ConfigError, build
+from gptlab.tasks.config import JudgeConfig
+from gptlab.tasks.judge import (
+    API_KEY_ENV,
+    JudgeError,
+    check_judge,
+    judge_all,
+    judge_one,
+    judge_prompt,
+    parse_score,
+    summarize,
+)
+
+ENTRY = {
+    "instruction": "Convert 45 kilometers to meters.",
+    "input": "",
+    "output": "45 kilometers is 45000 meters.",
+}
+ENTRY_WITH_INPUT = {
+    "instruction": "Rewrite the sentence using a simile.",
+    "input": "The car is very fast.",
+    "output": "The car is as fast as lightning.",
+}
+
+
+class FakeJudge:
+    """A scripted chat endpoint: answers the queued (status, body, delay) replies in order, records requests."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, str, float]] = []
+        self.requests: list[dict[str, Any]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                owner.requests.append(
+                    {"path": self.path, "json": json.loads(body), "auth": self.headers.get("Authorization")}
+                )
+                status, text, delay = owner.replies.pop(0)
+                time.sleep(delay)
+                payload = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def reply(self, body: str | dict[str, Any], status: int = 200, delay: float = 0.0) -> None:
+        self.replies.append((status, body if isinstance(body, str) else json.dumps(body), delay))
+
+
+@pytest.fixture
+def fake_judge() -> Iterator[FakeJudge]:
+    judge = FakeJudge()
+    thread = threading.Thread(target=judge.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield judge
+    judge.server.shutdown()
+    judge.server.server_close()
+
+
+def ollama(content: str) -> dict[str, Any]:
+    return {"model": "llama3", "message": {"role": "assistant", "content": content}, "done": True}
+
+
+def openai(content: str) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+
+
+def config(url: str, api: str = "ollama", timeout_s: float = 5.0) -> JudgeConfig:
+    return JudgeConfig(enabled=True, api=api, url=url, model="llama3", timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_prompt_is_the_books() -> None:
+    prompt = judge_prompt(ENTRY_WITH_INPUT, "The car is as quick as a cheetah.")
+    assert prompt == (
+        f"Given the input `{format_input(ENTRY_WITH_INPUT)}` and correct output "
+        "`The car is as fast as lightning.`, score the model response `The car is as quick as a cheetah.` "
+        "on a scale from 0 to 100, where 100 is the best score. Respond with the integer number only."
+    )
+    assert "### Input:\nThe car is very fast." in prompt
+    assert "### Input" not in judge_prompt(ENTRY, "45000 meters")
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("85", 85),
+        ("  92\n", 92),
+        ("Score: 73/100", 73),
+        ("0", 0),
+        ("100", 100),
+        ("100.0", 100),
+        ("150", None),
+        ("-5", None),
+        ("85.5", None),
+        ("I cannot score this.", None),
+        ("", None),
+    ],
+)
+def test_parse_score(reply: str, score: int | None) -> None:
+    assert parse_score(reply) == score
+
+
+def test_ollama_request_and_scores(fake_judge: FakeJudge) -> None:
+    fake_judge.reply(ollama("87"))
+    fake_judge.reply(ollama("Score: 40"))
+    cfg = config(f"{fake_judge.base}/api/chat")
+    records = [
+        {**ENTRY, "model_response": "45000 meters"},
+        {**ENTRY_WITH_INPUT, "model_response": "Fast car."},
+    ]
+
+    verdicts = judge_all(cfg, records)
+
+    assert [v.score for v in verdicts] == [87, 40]
+    assert verdicts[1].reply == "Score: 40"
+    first = fake_judge.requests[0]
+    assert first["path"] == "/api/chat"
+    assert first["json"]["model"] == "llama3"
+    assert first["json"]["stream"] is False
+    assert first["json"]["options"] == {"seed": 123, "temperature": 0, "num_ctx": 2048}
+    assert first["json"]["messages"] == [{"role": "user", "content": judge_prompt(ENTRY, "45000 meters")}]
+    assert first["auth"] is None
+
+
+def test_openai_request_and_scores(fake_judge: FakeJudge, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "sk-test")
+    fake_judge.reply(openai("64"))
+    cfg = config(f"{fake_judge.base}/v1/chat/completions", api="openai")
+
+    verdict = judge_one(cfg, ENTRY, "45000 meters")
+
+    assert verdict.score == 64
+    request = fake_judge.requests[0]
+    assert request["path"] == "/v1/chat/completions"
+    assert request["json"]["temperature"] == 0
+    assert request["json"]["seed"] == 123
+    assert "options" not in request["json"]
+    assert request["json"]["messages"][0]["content"] == judge_prompt(ENTRY, "45000 meters")
+    assert request["auth"] == "Bearer sk-test"
+
+
+def test_unusable_replies_are_counted_not_fatal(fake_judge: FakeJudge) -> None:
+    fake_judge.reply("<html>not json</html>")
+    fake_judge.reply({"unexpected": "shape"})
+    fake_judge.reply(ollama("A fine answer, I would say."))
+    fake_judge.reply(ollama("150"))
+    fake_judge.reply("internal error", status=500)
+    fake_judge.reply(openai("90"))  # the wrong shape for an ollama judge
+    fake_judge.reply(ollama("90"))
+    cfg = config(f"{fake_judge.base}/api/chat")
+    records = [{**ENTRY, "model_response": f"answer {i}"} for i in range(7)]
+
+    verdicts = judge_all(cfg, records)
+
+    assert [v.score for v in verdicts] == [None, None, None, None, None, None, 90]
+    assert verdicts[0].reply.startswith("not an 'ollama' chat response")
+    assert verdicts[2].reply == "A fine answer, I would say."
+    assert verdicts[4].reply.startswith("request failed: HTTP Error 500")
+    summary = summarize([v.score for v in verdicts])
+    assert summary["scored"] == 1
+    assert summary["unusable"] == 6
+    assert summary["mean"] == 90
+    assert summary["histogram"]["90-100"] == 1
+    assert sum(summary["histogram"].values()) == 1
+
+
+def test_timeout_is_an_unusable_reply(fake_judge: FakeJudge) -> None:
+    fake_judge.reply(ollama("80"), delay=1.0)
+    verdict = judge_one(config(f"{fake_judge.base}/api/chat", timeout_s=0.2), ENTRY, "45000 meters")
+    assert verdict.score is None
+    assert verdict.reply.startswith("request failed")
+
+
+def test_summary_bins_and_mean() -> None:
+    scores = [0, 9, 10, 55, 59, 89, 90, 100, None]
+    summary = summarize(scores)
+    usable = [s for s in scores if s is not None]
+    assert summary["mean"] == pytest.approx(sum(usable) / len(usable))
+    assert (summary["scored"], summary["unusable"]) == (8, 1)
+    hist = summary["histogram"]
+    assert list(hist) == [f"{lo}-{lo + 9}" for lo in range(0, 90, 10)] + ["90-100"]
+    assert (hist["0-9"], hist["10-19"], hist["50-59"], hist["80-89"], hist["90-100"]) == (2, 1, 2, 1, 2)
+    assert summarize([None, None]) == {
+        "mean": None,
+        "scored": 0,
+        "unusable": 2,
+        "histogram": {k: 0 for k in hist},
+    }
+
+
+def test_check_unreachable_names_url_and_fix() -> None:
+    url = f"http://127.0.0.1:{free_port()}/api/chat"
+    with pytest.raises(JudgeError, match="unreachable") as info:
+        check_judge(config(url))
+    assert url in str(info.value)
+    assert "instruct.judge.enabled: false" in str(info.value)
+
+
+def test_check_http_error_names_model(fake_judge: FakeJudge) -> None:
+    fake_judge.reply({"error": "model 'llama3' not found"}, status=404)
+    url = f"{fake_judge.base}/api/chat"
+    with pytest.raises(JudgeError, match="HTTP 404") as info:
+        check_judge(config(url))
+    assert url in str(info.value)
+    assert "not found" in str(info.value)
+    assert "ollama pull llama3" in str(info.value)
+
+
+def test_check_wrong_api_shape(fake_judge: FakeJudge) -> None:
+    fake_judge.reply(ollama("100"))  # an Ollama server, configured as openai
+    with pytest.raises(JudgeError, match="instruct.judge.api"):
+        check_judge(config(f"{fake_judge.base}/api/chat", api="openai"))
+
+
+def test_check_accepts_a_working_judge(fake_judge: FakeJudge) -> None:
+    fake_judge.reply(ollama("100"))
+    check_judge(config(f"{fake_judge.base}/api/chat"))
+    assert len(fake_judge.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("url", "localhost:11434/api/chat", "instruct.judge.url: expected an http:// or https:// URL"),
+        ("timeout_s", 0, "instruct.judge.timeout_s: expected a positive number of seconds"),
+        ("api", "anthropic", "instruct.judge.api: expected one of ['ollama', 'openai']"),
+    ],
+)
+def test_bad_judge_params_name_the_key(key: str, value: Any, message: str) -> None:
+    section = {"enabled": True, "api": "ollama", "url": "http://localhost:11434/api/chat", "model": "llama3"}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build(JudgeConfig, {**section, "timeout_s": 120, key: value}, "instruct.judge")

@@ -1,0 +1,74 @@
+"""The package's tree is its architecture: sub-packages by layer, each importing only downward.
+
+Bottom to top: the foundation modules at the top of the package (errors, files,
+paths, schema, environment), then model, data, training, tasks, tracking,
+pipeline, experiments, book and cli. A module may import the foundation, its own
+sub-package and the layers below it, never one above (function-local imports
+count too: they run all the same).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from helpers import PROJECT_ROOT
+
+PACKAGE = PROJECT_ROOT / "src" / "gptlab"
+LAYERS = ["model", "data", "training", "tasks", "tracking", "pipeline", "experiments", "book", "cli"]
+MAX_TOP_LEVEL_MODULES = 8
+
+
+def layer_of(module: str) -> int:
+    """-1 for the foundation (gptlab itself and its top-level modules), else the layer's rank."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return -1
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def gptlab_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module == "gptlab")
+    return {name for name in found if name.split(".")[0] == "gptlab"}
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
+def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None:
+    module = module_name(path)
+    upward = sorted(name for name in gptlab_imports(path) if layer_of(name) > layer_of(module))
+    assert not upward, f"{module} (layer {layer_of(module)}) imports from a higher layer: {upward}"
+
+
+def test_the_package_top_holds_only_the_foundation_and_the_layers() -> None:
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert packages == sorted(LAYERS)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_says_its_job_in_its_init(layer: str) -> None:
+    docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8")))
+    assert docstring and len(docstring.splitlines()) == 1, f"gptlab.{layer}: a one-line docstring"
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    assert layer_of("gptlab.model.gpt") < layer_of("gptlab.training.loop") < layer_of("gptlab.cli.main")
+    assert layer_of("gptlab.errors") == layer_of("gptlab") == -1

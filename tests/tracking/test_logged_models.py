@@ -1,0 +1,359 @@
+"""Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
+
+Each test logs tiny checkpoints through `registry.log_model` into its own SQLite
+store (the conftest fixture), then reads them back as a user would: with
+`mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
+and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from gptlab.cli.main import main as gptlab_main
+from gptlab.model.checkpoint import save_model
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPTModel
+from gptlab.tasks.classifier import classify_texts, make_classifier
+from gptlab.tracking.registry import log_model
+from gptlab.tracking.runs import NULL_RUN, stage_run
+
+from helpers import PROJECT_ROOT, committed_params
+
+MESSAGES = [
+    "Free entry in 2 a wkly comp to win FA Cup final tkts 21st May 2005. Text FA to 87121",
+    "Hey, just wanted to check if we're still on for dinner?",
+]
+
+# Runs in a fresh interpreter: the project's src (the editable install's path entry) is taken off
+# sys.path first, so the model can only run through the gptlab code it carries.
+LOAD_AND_PREDICT = """
+import importlib.util, json, sys
+from pathlib import Path
+sys.path[:] = [p for p in sys.path if not (Path(p or ".") / "gptlab" / "__init__.py").is_file()]
+assert importlib.util.find_spec("gptlab") is None, "the project is still importable"
+import mlflow.pyfunc, pandas as pd
+model = mlflow.pyfunc.load_model(sys.argv[1])
+import gptlab
+params = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+out = model.predict(pd.DataFrame(json.loads(sys.argv[2])), params=params)
+print(json.dumps({"gptlab": gptlab.__file__, "predictions": out.to_dict(orient="list")}))
+"""
+
+
+def load_in_clean_process(uri: str, frame: dict, tmp_path: Path, params: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = [sys.executable, "-c", LOAD_AND_PREDICT, uri, json.dumps(frame)]
+    if params is not None:
+        args.append(json.dumps(params))
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    gptlab_file = Path(result["gptlab"]).resolve()
+    assert PROJECT_ROOT not in gptlab_file.parents and "code" in gptlab_file.parts, gptlab_file
+    return result["predictions"]
+
+
+def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
+    """log_model's experiment and GPT-2's BPE files (in the test inputs, where the committed params say)."""
+    sources = committed_params().data.sources
+    bpe = (shared_data / sources.gpt2_vocab_bpe.path, shared_data / sources.gpt2_encoder_json.path)
+    return {"experiment": experiment, "bpe_files": bpe}
+
+
+def tiny_classifier(directory: Path) -> GPTModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = make_classifier(GPTModel(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    save_model(model, directory, {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "last"})
+    return model
+
+
+def tiny_language_model(directory: Path) -> GPTModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=128, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = GPTModel(cfg).eval()
+    save_model(model, directory, {"source": "test"})
+    return model
+
+
+def all_run_artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    found = []
+    for entry in client.list_artifacts(run_id, path):
+        found += all_run_artifacts(client, run_id, entry.path) if entry.is_dir else [entry.path]
+    return found
+
+
+def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
+    tmp_path: Path,
+    shared_data: Path,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = tiny_classifier(tmp_path / "clf")
+    runs = []
+    for _ in range(2):  # two training runs: two versions
+        with stage_run("spam-finetune", "gptlab", {}) as tracker:
+            tracker.set_tags({"gptlab.base_model": "gpt2-small"})
+            uri = log_model(
+                tracker,
+                "spam",
+                tmp_path / "clf",
+                **logged_to("gptlab", shared_data),
+                defaults={},
+                headline={"final/test.accuracy": 0.9375 - len(runs) / 8},
+            )
+            runs.append((tracker.run_id, uri))
+    capsys.readouterr()
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    versions = client.search_model_versions("name = 'gptlab-spam'")
+    assert sorted(int(v.version) for v in versions) == [1, 2]
+    assert {v.run_id for v in versions} == {run_id for run_id, _ in runs}
+    # Each version says on the registry page what it is: stage, base model, figures, source run.
+    for version in versions:
+        run_id, _ = runs[int(version.version) - 1]
+        assert version.description.startswith("**spam-finetune** stage, spam model. Base model: gpt2-small.")
+        assert f"`final/test.accuracy`: {0.9375 - (int(version.version) - 1) / 8:.4g}" in version.description
+        assert f"Source run: `{run_id}`" in version.description
+    experiment = client.get_experiment_by_name("gptlab")
+    logged = client.search_logged_models([experiment.experiment_id])
+    assert {f"models:/{m.model_id}" for m in logged} == {uri for _, uri in runs}
+    for run_id, uri in runs:
+        run = client.get_run(run_id)
+        assert run.data.tags["gptlab.model_uri"] == uri
+        assert [o.model_id for o in run.outputs.model_outputs] == [uri.removeprefix("models:/")]
+        # The weights' one copy is inside the model, none among the run's own artifacts.
+        assert not [a for a in all_run_artifacts(client, run_id) if a.endswith(".safetensors")]
+    for logged_model in logged:
+        files = Path(urlparse(logged_model.artifact_location).path)
+        assert [p.relative_to(files).as_posix() for p in files.rglob("*.safetensors")] == [
+            "artifacts/clf/model.safetensors"
+        ]
+        assert (files / "MLmodel").is_file() and (
+            files / "code" / "gptlab" / "tasks" / "classifier.py"
+        ).is_file()
+
+    # A fresh Python without the project loads it and labels exactly as the checkpoint does.
+    expected = classify_texts(model, tokenizer, MESSAGES, max_length=12, pooling="last")
+    predictions = load_in_clean_process("models:/gptlab-spam/1", {"text": MESSAGES}, tmp_path)
+    assert predictions["label"] == [("ham", "spam")[int(p.argmax())] for p in expected]
+    assert predictions["spam_probability"] == pytest.approx(expected[:, 1].tolist(), abs=1e-6)
+
+    # promote, then classify through the alias: the same output as the folder itself.
+    assert gptlab_main(["promote", "gptlab-spam", "2"]) == 0
+    assert "models:/gptlab-spam@champion" in capsys.readouterr().out
+    assert str(client.get_model_version_by_alias("gptlab-spam", "champion").version) == "2"
+    folder = [
+        "classify",
+        "--json",
+        "--model",
+        str(tmp_path / "clf"),
+        "--raw-dir",
+        str(shared_data),
+        *MESSAGES,
+    ]
+    assert gptlab_main(folder) == 0
+    from_folder = capsys.readouterr().out
+    assert gptlab_main(["classify", "--json", "--model", "models:/gptlab-spam@champion", *MESSAGES]) == 0
+    assert capsys.readouterr().out == from_folder
+
+    assert gptlab_main(["promote", "gptlab-spam", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "no version 7 of registered model 'gptlab-spam'" in err and "its versions are 1, 2" in err
+    assert gptlab_main(["classify", "--model", "models:/gptlab-spam@nobody", "hi"]) == 2
+    assert "gptlab promote" in capsys.readouterr().err
+
+
+def test_instruct_and_language_models_load_without_the_project_and_chat_uses_them(
+    tmp_path: Path,
+    shared_data: Path,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gptlab.model.config import SampleConfig
+    from gptlab.model.generate import generate_text
+    from gptlab.tasks.responses import generate_response
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_language_model(tmp_path / "lm")
+    params = committed_params()
+    logged = logged_to("gptlab", shared_data)
+    with stage_run("instruct-finetune", "gptlab", {}) as tracker:
+        log_model(
+            tracker,
+            "instruct",
+            tmp_path / "lm",
+            **logged,
+            defaults={"max_new_tokens": params.instruct.max_new_tokens},
+            headline={},
+        )
+    with stage_run("pretrain", "gptlab", {}) as tracker:
+        sample = dataclasses.asdict(params.pretrain.sample)
+        del sample["prompt"]
+        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample, headline={})
+    capsys.readouterr()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
+    assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-pretrain'")] == [1]
+
+    records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
+    answers = load_in_clean_process("models:/gptlab-instruct/1", records, tmp_path, {"max_new_tokens": 5})
+    expected = [
+        generate_response(model, tokenizer, {"instruction": i, "input": x}, max_new_tokens=5)
+        for i, x in zip(records["instruction"], records["input"], strict=True)
+    ]
+    assert answers["response"] == expected
+
+    sample = SampleConfig(prompt="Every effort moves you", max_new_tokens=6, temperature=1.0, top_k=5, seed=7)
+    texts = load_in_clean_process(
+        "models:/gptlab-pretrain/1",
+        {"prompt": [sample.prompt]},
+        tmp_path,
+        {"max_new_tokens": 6, "temperature": 1.0, "top_k": 5, "seed": 7},
+    )
+    assert texts["text"] == [generate_text(model, tokenizer, sample)]
+
+    args = ["chat", "Name a color.", "--max-new-tokens", "5"]
+    assert gptlab_main([*args, "--model", "models:/gptlab-instruct/1"]) == 0
+    assert capsys.readouterr().out == expected[0] + "\n"
+    # Without --max-new-tokens and without a params.yaml: the model's own default answer length.
+    assert not (tmp_path / "params.yaml").exists()
+    chat = ["chat", "Name a color.", "--model", "models:/gptlab-instruct/1"]
+    assert gptlab_main(chat) == 0
+    by_default = capsys.readouterr()
+    assert gptlab_main([*chat, "--max-new-tokens", str(params.instruct.max_new_tokens)]) == 0
+    assert by_default.out == capsys.readouterr().out
+    assert "the model's max_new_tokens" in by_default.err  # capped to the tiny context, and said so
+
+
+def test_the_disabled_run_logs_and_registers_nothing(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torchrun rank other than 0 has NULL_RUN: its log_model returns None (rank 0 logs the model)."""
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    assert (
+        log_model(
+            NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+        is None
+    )
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert client.search_registered_models() == []
+
+
+def test_the_mlflow_model_refuses_weights_holding_nan(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the logged model checks its weights as `gptlab classify` does: no NaN is ever served."""
+    import mlflow.pyfunc
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    weights_file = tmp_path / "clf" / "model.safetensors"
+    weights = load_file(str(weights_file))
+    weights["final_norm.scale"][:4] = float("nan")
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    with pytest.raises(Exception, match=r"model\.safetensors: tensor final_norm\.scale holds NaN") as info:
+        mlflow.pyfunc.load_model(uri)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_reply(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `mlflow models serve` runs (MLflow's scoring server app, under uvicorn) answers a bad input."""
+    import mlflow.pyfunc
+    import pandas as pd
+    import uvicorn
+    from mlflow.pyfunc import scoring_server
+
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    model = mlflow.pyfunc.load_model(uri)
+    with pytest.raises(ValueError, match=r"^message 2 is empty: give some text to classify$"):
+        model.predict(pd.DataFrame({"text": ["hi", "  "]}))
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(scoring_server.init(model), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = json.dumps({"dataframe_split": {"columns": ["text"], "data": [["hi"], ["  "]]}}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as replied:
+            urllib.request.urlopen(request, timeout=60)
+        status, reply = replied.value.code, json.loads(replied.value.read())
+    finally:
+        server.should_exit = True
+        thread.join()
+    assert status == 400 and reply["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert "stack_trace" not in reply and "Traceback" not in reply["message"]
+    assert reply["message"].splitlines()[-1] == "Error: message 2 is empty: give some text to classify"
+
+
+def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refused(
+    tmp_path: Path, shared_data: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow.pyfunc
+
+    from gptlab.tasks.responses import generate_response
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_language_model(tmp_path / "lm")
+    with stage_run("instruct-finetune", "gptlab", {}) as tracker:
+        uri = log_model(
+            tracker, "instruct", tmp_path / "lm", **logged_to("gptlab", shared_data), defaults={}, headline={}
+        )
+    records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
+
+    monkeypatch.setenv("GPTLAB_PRECISION", "bf16")
+    answers = load_in_clean_process(uri, records, tmp_path, {"max_new_tokens": 5})
+    bf16 = model.to(torch.bfloat16)
+    expected = [
+        generate_response(bf16, tokenizer, {"instruction": i, "input": x}, max_new_tokens=5)
+        for i, x in zip(records["instruction"], records["input"], strict=True)
+    ]
+    assert answers["response"] == expected
+
+    monkeypatch.setenv("GPTLAB_PRECISION", "fp16")
+    with pytest.raises(Exception, match=r"\$GPTLAB_PRECISION: expected one of fp32, bf16, auto, got 'fp16'"):
+        mlflow.pyfunc.load_model(uri)

@@ -1,0 +1,216 @@
+"""Tracking servers that fail (issue 23, cases 6 and 7), against real servers in subprocesses.
+
+A URI that answers HTTP but is not MLflow is refused in one line before a stage starts. An MLflow
+server killed mid-training does not stop it: the logging is kept and sent when the server is back
+before the stage ends; otherwise the stage fails in one line naming the URI and the resume folder,
+which keeps the trained state, so the rerun trains nothing again and logs a complete run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from gptlab.cli.main import main
+from gptlab.data.verdict import GPTDatasetV1
+from gptlab.model.checkpoint import list_checkpoints
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPTModel
+from gptlab.pipeline.training_stage import DatasetRead, training_run
+from gptlab.tracking.runs import TrackingLost
+from gptlab.training.loop import TrainResult
+from gptlab.training.losses import next_token_loss
+
+from helpers import checkpoint_config, committed_params, train_config
+
+TINY = ModelConfig(vocab_size=300, context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+# 3 epochs of 5 steps, an evaluation every 2 steps and a checkpoint at every epoch's end.
+LOOP = train_config(batch_size=4, epochs=3, lr=5e-3, eval_freq=2, eval_iter=1, rng="book")
+CHECKPOINTS = checkpoint_config(every_steps=1000, keep=1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(
+    url: str, process: subprocess.Popen[bytes], seconds: float = 180, log: Path | None = None
+) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the server for {url} exited with {process.returncode}"
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"{url} did not answer within {seconds} s" + (f": {log.read_text()[-3000:]}" if log else ""))
+
+
+class MlflowServer:
+    """A real `mlflow server` on a SQLite store, started and killed (SIGKILL, all its processes)."""
+
+    def __init__(self, store: Path) -> None:
+        self.store, self.port = store, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.store.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--backend-store-uri", f"sqlite:///{self.store}/mlflow.db", "--workers", "1"]
+        command += ["--artifacts-destination", str(self.store / "artifacts")]
+        with (self.store / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    running = MlflowServer(tmp_path / "server")
+    running.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.uri)
+    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "3")
+    try:
+        yield running
+    finally:
+        running.kill()
+
+
+def test_a_server_that_is_not_mlflow_is_one_line_naming_the_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    http_server = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        wait_for(uri, http_server)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        (tmp_path / "reports").mkdir()
+        out = tmp_path / "REPRODUCTION.md"
+        assert main(["report", "--reports", str(tmp_path / "reports"), "--out", str(out)]) == 2
+    finally:
+        http_server.kill()
+        http_server.wait()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"MLFLOW_TRACKING_URI {uri} answers, but not as an MLflow tracking server" in err
+    assert "HTTP 404" in err
+
+
+def windows(n: int, seed: int) -> GPTDatasetV1:
+    ids = torch.randint(
+        0, TINY.vocab_size, (n * TINY.context_length + 1,), generator=torch.Generator().manual_seed(seed)
+    )
+    return GPTDatasetV1(ids.tolist(), TINY.context_length, TINY.context_length)
+
+
+def train(tmp_path: Path, name: str, on_epoch_end: Callable[[int, nn.Module], dict] | None) -> TrainResult:
+    """A training stage as the real ones run: its MLflow run and resume folder, the shared loop."""
+    params = committed_params()
+    params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, system_metrics=False))
+    data = tmp_path / "data.txt"
+    data.write_text("toy")
+    torch.manual_seed(0)
+    with training_run(
+        name,
+        params,
+        logged={"toy": 1},
+        fingerprint={"toy": name},
+        inputs=[data],
+        dataset=DatasetRead("toy", data, {"train_rows": 22}),
+    ) as stage:
+        result = stage.fit(
+            GPTModel(TINY), windows(22, 1), windows(5, 2), LOOP, next_token_loss, on_epoch_end=on_epoch_end
+        )
+        stage.tracker.log_metrics({"final/steps": result.steps}, step=result.global_step)
+        return result
+
+
+def runs_of(uri: str, name: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(committed_params().tracking.experiment)
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`gptlab.stage` = '{name}'")
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_training_and_back_before_its_end_gets_the_whole_run(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def kill_then_restart(epoch: int, model: nn.Module) -> dict:
+        if epoch == 1:
+            server.kill()
+        if epoch == 2:
+            server.start()
+        return {}
+
+    result = train(tmp_path, "toy-back", kill_then_restart)
+    err = capsys.readouterr().err
+    assert err.count(f"MLflow tracking server {server.uri} stopped answering") == 1, err
+    assert f"MLflow tracking server {server.uri} answers again" in err
+    (run,) = runs_of(server.uri, "toy-back")
+    assert run.info.status == "FINISHED"
+    client = MlflowClient(tracking_uri=server.uri)
+    logged = client.get_metric_history(run.info.run_id, "curves/train_loss")
+    assert sorted(m.step for m in logged) == [int(row["step"]) for row in result.history]
+    assert run.data.metrics["final/steps"] == 15
+    assert list((tmp_path / ".gptlab" / "runs" / "toy-back").iterdir()) == []  # published: nothing to resume
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_training_for_good_fails_the_stage_keeping_what_trained(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def kill(epoch: int, model: nn.Module) -> dict:
+        if epoch == 1:
+            server.kill()
+        return {}
+
+    with pytest.raises(TrackingLost) as lost:
+        train(tmp_path, "toy-lost", kill)
+    message = str(lost.value)
+    (run_dir,) = [p for p in (tmp_path / ".gptlab" / "runs" / "toy-lost").iterdir() if p.is_dir()]
+    assert "\n" not in message and server.uri in message and str(run_dir.relative_to(tmp_path)) in message
+    (kept,) = list_checkpoints(run_dir)  # the trained state, after the last step
+    assert kept.name == "step-0000015"
+    assert "Traceback" not in capsys.readouterr().err
+
+    server.start()
+    rerun = train(tmp_path, "toy-lost", None)
+    assert rerun.resumed_steps == 15  # nothing trained again
+    finished = [r for r in runs_of(server.uri, "toy-lost") if r.info.status == "FINISHED"]
+    assert len(finished) == 1
+    logged = MlflowClient(tracking_uri=server.uri).get_metric_history(
+        finished[0].info.run_id, "curves/train_loss"
+    )
+    assert sorted(m.step for m in logged) == [int(row["step"]) for row in rerun.history]
