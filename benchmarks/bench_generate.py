@@ -4,7 +4,7 @@ One GPT-2 small model (context 1024, random weights, the head tied to the
 token embedding as GPT-2's) continues a short prompt by 100 and by 900 new
 tokens, greedily, in three ways:
 
-- ours: `gptlab.generate.generate` with the KV cache (sdpa attention, the fast
+- ours: `gptlab.model.generate.generate` with the KV cache (sdpa attention, the fast
   profile's fused kernels: one Q/K/V matmul, decoding steps against (in, out)
   weight copies), and the same with the book's kernels;
 - ours with bf16 weights (an inference precision, where bf16 is fast or with
@@ -14,7 +14,7 @@ tokens, greedily, in three ways:
   fp32 model's, and the largest logit difference at the prompts' last
   positions relative to the fp32 logits' spread;
 - transformers: `GPT2LMHeadModel.generate(do_sample=False, use_cache=True)` on
-  the same weights (converted by gptlab.hf_gpt2), never stopping at end-of-text;
+  the same weights (converted by gptlab.model.hf_gpt2), never stopping at end-of-text;
 - the book: chapter 5's `generate_text_simple`, which reruns the whole sequence
   for every token (at 100 new tokens only: it is slow).
 

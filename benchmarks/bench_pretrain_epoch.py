@@ -1,6 +1,6 @@
 """One epoch of the pretrain stage's training on The Verdict with the fast profile, and its MFU.
 
-It runs the real training loop (`gptlab.train.fit`: evaluations and
+It runs the real training loop (`gptlab.training.loop.fit`: evaluations and
 checkpoints included) with profiles/fast.yaml's pretrain settings on the
 device given, and prints the loop's wall time, tokens per second and the
 model FLOPs utilisation: the step FLOPs of bench_train_step.py per second

@@ -6,9 +6,9 @@ Four variants, each a fresh process, rounds interleaved:
   (seed 123, GPTModel with the masked-softmax attention, AdamW(lr,
   weight_decay=0.1), an evaluation of eval_iter batches every eval_freq steps,
   a greedy sample with the uncached `generate_text_simple` after each epoch);
-  its loop's wall time is the yardstick, as in the issue;
+  its loop's wall time is the yardstick;
 - book-kept: the same loop in a process that keeps freed memory as the stages
-  do (gptlab.memory), to show how much of a stage's lead that setting is;
+  do (gptlab.pipeline.memory), to show how much of a stage's lead that setting is;
 - default: `python stages/pretrain.py` at params.yaml's (book-exact) settings;
 - fast: the same stage with profiles/fast.yaml's overrides.
 

@@ -15,7 +15,7 @@ AdamW on the same random token ids:
 
 "vs transformers" compares each row with transformers at the row's precision.
 
-The process keeps freed memory as the stages do (gptlab.memory), and that holds
+The process keeps freed memory as the stages do (gptlab.pipeline.memory), and that holds
 for every variant, transformers included; `--glibc-malloc` measures them all
 with glibc's defaults instead, as a script that does not set it runs.
 
@@ -175,7 +175,7 @@ def book_step(cfg: ModelConfig, batch: tuple[torch.Tensor, torch.Tensor], device
 def ours_step(
     cfg: ModelConfig, train: TrainConfig, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
 ) -> Step:
-    """The step `gptlab.train.fit` takes with these settings: its model, optimizer, loss and precision."""
+    """The step `gptlab.training.loop.fit` takes with these settings: its model, optimizer, loss and precision."""
     torch.manual_seed(123)
     model = GPTModel(cfg).to(device)
     loss_fn = language_model_loss(train.loss_kernel)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 13, on one CUDA GPU in under 5 minutes: the training-step
+# The GPU check, on one CUDA GPU in under 5 minutes: the training-step
 # benchmark (book, ours default, ours fast, transformers) and one epoch of the
 # pretrain stage's training with the fast profile (bf16 autocast, TF32, SDPA,
 # fused AdamW, chunked loss), each with MFU against PEAK_TFLOPS: by default the

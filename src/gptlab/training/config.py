@@ -39,7 +39,8 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"]
     # auto: bf16 autocast where bf16 is fast (AMX / AVX-512 BF16 CPUs, CUDA GPUs), fp32 elsewhere.
     precision: Literal["fp32", "bf16", "auto"]
-    # Same maths as the default AdamW, an order of magnitude faster on CPU (see FACTS).
+    # Same maths as the default AdamW in one fused kernel: GPT-2 small's update took 0.11 s on a
+    # 2-core CPU against the default's 1.11 s.
     fused_adamw: bool
     # book: logits then F.cross_entropy; chunked: head and cross entropy fused a chunk of tokens at a
     # time, never materialising all logits (next-token stages; see gptlab.chunked_loss).
