@@ -446,10 +446,11 @@ def test_an_alias_bomb_in_params_is_refused_at_once_naming_the_file_and_the_limi
         load_params(small)
 
 
-def test_the_readme_names_the_yaml_limit() -> None:
+def test_the_configuration_chapter_names_the_yaml_limit() -> None:
     from gptlab.schema import MAX_YAML_NODES
 
-    assert f"{MAX_YAML_NODES:,} nodes" in (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    chapter = PROJECT_ROOT / "docs" / "configuration.md"
+    assert f"{MAX_YAML_NODES:,} nodes" in chapter.read_text(encoding="utf-8")
 
 
 def test_params_that_are_not_a_file_are_named(tmp_path: Path) -> None:
