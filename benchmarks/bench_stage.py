@@ -270,7 +270,7 @@ def main() -> None:
     for row in rows:
         print(f"{row['variant']:<10} {row['seconds']:>9.1f} {row['ratio_to_book']:>12.2f}x")
     if "book-kept" in variants:
-        print("book-kept: the book's loop with freed memory kept, as the stages run (gptlab.memory)")
+        print("book-kept: the book's loop with freed memory kept, as the stages run (gptlab.pipeline.memory)")
     for row in rows:
         if "phases" in row:
             phases = ", ".join(f"{k.removeprefix('seconds_')} {v:.1f}" for k, v in row["phases"].items())

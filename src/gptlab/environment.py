@@ -8,6 +8,6 @@ from __future__ import annotations
 
 # Set (by `gptlab -v`) to keep the libraries' INFO lines, which gptlab.tracking otherwise quiets.
 VERBOSE_ENV = "GPTLAB_VERBOSE"
-# The project's commit, when a stage runs in a copy of it (a `gptlab smoke` workspace): gptlab.lineage.
+# The project's commit, when a stage runs in a copy of it (a `gptlab smoke` workspace): gptlab.tracking.lineage.
 SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"
 SOURCE_DIRTY_ENV = "GPTLAB_SOURCE_DIRTY"
