@@ -39,6 +39,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import gptlab_to_hf, hf_config
@@ -64,7 +65,7 @@ def book_generate(model: GPTModel, idx: torch.Tensor, max_new_tokens: int) -> to
 def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
     """Ours (fused kernels) and transformers' GPT-2 holding the same random weights (a tied head, as GPT-2's)."""
     torch.manual_seed(123)
-    ours = GPTModel(dataclasses.replace(cfg, kernels="fused")).eval()
+    ours = build_gpt(dataclasses.replace(cfg, kernels="fused")).eval()
     with torch.no_grad():
         ours.out_head.weight.copy_(ours.tok_emb.weight)
     theirs = GPT2LMHeadModel(GPT2Config(**hf_config(cfg)))
@@ -77,7 +78,7 @@ def build_models(cfg: ModelConfig) -> tuple[GPTModel, GPT2LMHeadModel]:
 def variants(
     ours: GPTModel, theirs: GPT2LMHeadModel, bf16_weights: GPTModel | None
 ) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
-    book_kernels = GPTModel(dataclasses.replace(ours.cfg, kernels="book")).eval()
+    book_kernels = build_gpt(dataclasses.replace(ours.cfg, kernels="book")).eval()
     book_kernels.load_state_dict(ours.state_dict())
     runs: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
         "ours (KV cache)": lambda idx, n: generate(ours, idx, n),

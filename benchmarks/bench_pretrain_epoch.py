@@ -26,7 +26,7 @@ import torch
 from benchmarks.bench_train_step import FAST_PROFILE, step_flops
 from gptlab.data.verdict import GPTDatasetV1, encode, split_text
 from gptlab.experiments.profiles import profile_params
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.pipeline.params import PARAMS_FILE
 from gptlab.training.chunked_loss import language_model_loss
@@ -63,7 +63,7 @@ def main() -> None:
     )
 
     torch.manual_seed(train_cfg.seed)
-    model = GPTModel(model_cfg)
+    model = build_gpt(model_cfg)
     with tempfile.TemporaryDirectory() as run_dir:
         result = fit(
             model,

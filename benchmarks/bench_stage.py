@@ -130,7 +130,7 @@ def book_loop(params_file: Path) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from gptlab.data.verdict import GPTDatasetV1
-    from gptlab.model.gpt import GPTModel
+    from gptlab.model.fast_kernels import build_gpt
     from gptlab.model.tokenizer import load_tokenizer
     from gptlab.pipeline.params import load_params
 
@@ -152,7 +152,7 @@ def book_loop(params_file: Path) -> dict[str, Any]:
         "the book's model computes attention with a masked softmax"
     )
     torch.manual_seed(cfg.train.seed)
-    model = GPTModel(model_cfg)
+    model = build_gpt(model_cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
     def calc_loss_batch(input_batch, target_batch):

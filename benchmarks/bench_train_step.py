@@ -48,7 +48,7 @@ from torch import nn
 
 from gptlab.experiments.profiles import profile_params
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.memory import keep_freed_memory
 from gptlab.pipeline.params import PARAMS_FILE, load_params
 from gptlab.training.chunked_loss import language_model_loss
@@ -177,7 +177,7 @@ def ours_step(
 ) -> Step:
     """The step `gptlab.training.loop.fit` takes with these settings: its model, optimizer, loss and precision."""
     torch.manual_seed(123)
-    model = GPTModel(cfg).to(device)
+    model = build_gpt(cfg).to(device)
     loss_fn = language_model_loss(train.loss_kernel)
     if train.compile:
         loss_fn = CompiledOrEager(loss_fn)

@@ -25,8 +25,8 @@ from torch.utils.data import Dataset
 
 from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.files import write_figure
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate_text
-from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
@@ -69,7 +69,7 @@ def run(params: Params) -> None:
     ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
-        model = GPTModel(model_cfg).to(resolve_device(cfg.train.device))
+        model = build_gpt(model_cfg).to(resolve_device(cfg.train.device))
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data['train'])} windows")
         clock.lap("setup")
         loss_fn = language_model_loss(cfg.train.loss_kernel)

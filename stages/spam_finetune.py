@@ -33,6 +33,7 @@ from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_figure
 from gptlab.model.checkpoint import load_model, read_config
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.model.tokenizer import gpt2_tokenizer
@@ -246,7 +247,7 @@ def _base_model(
         base_cfg, base_metadata = read_config(base_dir)
         _check_language_model(base_cfg.num_classes, base_dir)
         torch.manual_seed(seed)
-        model = GPTModel(dataclasses.replace(base_cfg, drop_rate=drop_rate))
+        model = build_gpt(dataclasses.replace(base_cfg, drop_rate=drop_rate))
         return model.to(device).eval(), base_metadata
     model, base_metadata = load_model(base_dir, device, drop_rate=drop_rate)
     _check_language_model(model.cfg.num_classes, base_dir)

@@ -29,6 +29,7 @@ from gptlab.experiments.metrics_check import load_baseline
 from gptlab.experiments.sweep import sweep_path
 from gptlab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import load_hf_folder
 from gptlab.schema import ConfigError, build
@@ -56,7 +57,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], command: str) -> str:
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     torch.manual_seed(0)
-    return save_model(GPTModel(TINY).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})
+    return save_model(build_gpt(TINY).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})
 
 
 # --------------------------------------------------------------------------- #
@@ -65,7 +66,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def _other_checkpoint(tmp_path: Path, source: Path) -> Path:
-    return save_model(GPTModel(TINY), tmp_path / "models" / "other")
+    return save_model(build_gpt(TINY), tmp_path / "models" / "other")
 
 
 def _non_empty(tmp_path: Path, source: Path) -> Path:
@@ -582,7 +583,7 @@ CHAT_CONTEXT = 96
 def chat_model(tmp_path: Path) -> Path:
     """A tiny language model over GPT-2's vocabulary that never says end-of-text (answers run to the cap)."""
     torch.manual_seed(0)
-    model = GPTModel(
+    model = build_gpt(
         ModelConfig(context_length=CHAT_CONTEXT, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
     )
     with torch.no_grad():  # the final norm outputs a fixed vector that the head maps to ","
@@ -757,7 +758,7 @@ def classifier(tmp_path: Path) -> Path:
     from gptlab.tasks.classifier import make_classifier
 
     torch.manual_seed(0)
-    model = make_classifier(GPTModel(TINY), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    model = make_classifier(build_gpt(TINY), 2, trainable="head", trainable_blocks=1, seed=123).eval()
     metadata = {"labels": {"0": "ham", "1": "spam"}, "max_length": 8, "pooling": "last"}
     return save_model(model, tmp_path / "models" / "spam", metadata)
 

@@ -34,7 +34,7 @@ from gptlab.experiments.sweep import (
     to_markdown,
 )
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.lora import add_lora
 from gptlab.schema import ConfigError
 from gptlab.tasks.classifier import count_trainable, make_classifier
@@ -469,7 +469,7 @@ def expected_trainable() -> dict[str, int]:
     counts = {}
     for variant in ("all", "lora"):
         with torch.device("meta"):
-            model = make_classifier(GPTModel(cfg), 2, trainable=variant, trainable_blocks=1, seed=0)
+            model = make_classifier(build_gpt(cfg), 2, trainable=variant, trainable_blocks=1, seed=0)
             if variant == "lora":
                 add_lora(model, 4, 8)
         counts[variant] = count_trainable(model)

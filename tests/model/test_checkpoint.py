@@ -26,6 +26,7 @@ from gptlab.model.checkpoint import (
     save_training_checkpoint,
 )
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.training.resume import resume_folder, run_fingerprint
 
@@ -34,7 +35,7 @@ TINY = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rat
 
 def tiny_model(seed: int = 0) -> GPTModel:
     torch.manual_seed(seed)
-    return GPTModel(TINY)
+    return build_gpt(TINY)
 
 
 def save_checkpoint_of(folder: Path, steps: int, model: GPTModel, state: dict) -> Path:

@@ -10,6 +10,7 @@ import torch
 from gptlab.model import generate as generation
 from gptlab.model.config import ModelConfig
 from gptlab.model.decoding import FusedDecoder
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel, KVCache
 from gptlab.model.lora import add_lora
@@ -21,7 +22,7 @@ FUSED = ModelConfig(
 
 def fused_model(**overrides: object) -> GPTModel:
     torch.manual_seed(5)
-    return GPTModel(dataclasses.replace(FUSED, **overrides)).eval()
+    return build_gpt(dataclasses.replace(FUSED, **overrides)).eval()
 
 
 def steps_both_ways(model: GPTModel, prompt: torch.Tensor, steps: int, pad: torch.Tensor | None = None):

@@ -15,6 +15,7 @@ from torch import nn
 
 from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout, dropout, keep_mask
+from gptlab.model.fast_kernels import build_gpt, with_kernels
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel, MultiHeadAttention
 from gptlab.training import chunked_loss
@@ -34,8 +35,8 @@ SMALL = ModelConfig(vocab_size=503, context_length=64, emb_dim=64, n_heads=4, n_
 def twin_models(**overrides: object) -> tuple[GPTModel, GPTModel]:
     """The same weights under the book's kernels and the fused ones."""
     torch.manual_seed(123)
-    book = GPTModel(dataclasses.replace(SMALL, **overrides)).eval()
-    fused = GPTModel(dataclasses.replace(book.cfg, kernels="fused")).eval()
+    book = build_gpt(dataclasses.replace(SMALL, **overrides)).eval()
+    fused = build_gpt(dataclasses.replace(book.cfg, kernels="fused")).eval()
     fused.load_state_dict(book.state_dict())
     return book, fused
 
@@ -214,7 +215,7 @@ def test_chunked_next_token_loss_on_the_model_and_its_fallback() -> None:
     reference = next_token_loss(book, batch)
     torch.testing.assert_close(chunked, reference)
     torch.manual_seed(0)
-    classifier = GPTModel(dataclasses.replace(SMALL, num_classes=3)).eval()
+    classifier = build_gpt(dataclasses.replace(SMALL, num_classes=3)).eval()
     labels = torch.randint(0, 3, (2, 32), generator=torch.Generator().manual_seed(5))
     # A classifier head falls back to the plain loss instead of failing.
     assert torch.equal(
@@ -322,8 +323,8 @@ def test_dropout_zeroes_the_dropped_scales_the_kept_and_passes_their_gradients()
 def test_fused_attention_in_training_drops_its_weights_with_keep_mask() -> None:
     """SDPA's internal mask is bernoulli_'s: in training on the CPU the fused model uses keep_mask's."""
     torch.manual_seed(0)
-    attention = MultiHeadAttention(
-        32, 32, dropout=0.2, num_heads=4, attention="sdpa", kernels="fused"
+    attention = with_kernels(
+        MultiHeadAttention(32, 32, dropout=0.2, num_heads=4), kernels="fused", attention="sdpa"
     ).train()
     x = torch.randn(2, 9, 32, requires_grad=True)
     torch.manual_seed(3)

@@ -9,6 +9,7 @@ import torch
 
 from gptlab.errors import InputError
 from gptlab.model.config import ModelConfig, SampleConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import _top_p_filter, generate, generate_each, generate_text
 from gptlab.model.gpt import GPTModel, KVCache
 
@@ -29,7 +30,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module", params=["sdpa", "masked_softmax"])
 def model(request: pytest.FixtureRequest) -> GPTModel:
     torch.manual_seed(7)
-    return GPTModel(ModelConfig(**TINY, attention=request.param)).eval()
+    return build_gpt(ModelConfig(**TINY, attention=request.param)).eval()
 
 
 @pytest.fixture
@@ -234,14 +235,14 @@ def test_bad_inputs_are_refused(model: GPTModel, prompts: torch.Tensor) -> None:
         generate(model, prompts[0], 3)  # 1-D
     with pytest.raises(ValueError, match="idx"):
         generate(model, prompts.float(), 3)
-    classifier = GPTModel(ModelConfig(**{**TINY, "num_classes": 2}))
+    classifier = build_gpt(ModelConfig(**{**TINY, "num_classes": 2}))
     with pytest.raises(ValueError, match="classification head"):
         generate(classifier, prompts, 3)
 
 
 def test_generate_text_is_seeded_and_starts_with_the_prompt(tokenizer) -> None:
     torch.manual_seed(0)
-    model = GPTModel(ModelConfig(**{**TINY, "vocab_size": 50257}))
+    model = build_gpt(ModelConfig(**{**TINY, "vocab_size": 50257}))
     sample = SampleConfig(
         prompt="Every effort moves you", max_new_tokens=8, temperature=1.0, top_k=50, seed=123
     )

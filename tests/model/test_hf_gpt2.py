@@ -13,6 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from gptlab.cli.main import main
 from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import (
     config_from_hf,
@@ -47,7 +48,7 @@ def random_hf_model(seed: int = 0, **config: int) -> GPT2LMHeadModel:
 def tiny_gptlab_model(seed: int = 0, **overrides: object) -> GPTModel:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
-    model = GPTModel(ModelConfig(**{**cfg.to_dict(), **overrides}))
+    model = build_gpt(ModelConfig(**{**cfg.to_dict(), **overrides}))
     with torch.no_grad():  # random norms too, so a swapped scale/shift cannot hide
         for name, param in model.named_parameters():
             if "norm" in name:

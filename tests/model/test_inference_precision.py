@@ -18,7 +18,8 @@ import torch
 from gptlab.cli.main import main as gptlab_main
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel, KVCache
+from gptlab.model.fast_kernels import build_gpt
+from gptlab.model.gpt import KVCache
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import generate_response
 from gptlab.training.runtime import bf16_is_fast, inference_dtype
@@ -42,7 +43,7 @@ def test_auto_means_bf16_exactly_where_bf16_is_fast() -> None:
 def test_bf16_logits_stay_within_the_bound_of_fp32(kernels: str) -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(context_length=32, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0, kernels=kernels)
-    model = GPTModel(cfg).eval()
+    model = build_gpt(cfg).eval()
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     with torch.no_grad():
         full, half = model(PROMPTS), bf16(PROMPTS)
@@ -83,7 +84,7 @@ def test_chat_with_bf16_weights_answers_what_the_bf16_copy_answers(
 ) -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, kernels="fused")
-    model = GPTModel(cfg).eval()
+    model = build_gpt(cfg).eval()
     save_model(model, tmp_path / "lm", {"source": "test"})
     entry = {"instruction": "Name a color.", "input": "", "output": ""}
     args = ["chat", entry["instruction"], "--model", str(tmp_path / "lm"), "--raw-dir", str(shared_data)]

@@ -15,6 +15,7 @@ from transformers import GPT2LMHeadModel
 from gptlab.model import checkpoint
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import export_checkpoint
 from gptlab.model.lora import (
@@ -40,7 +41,7 @@ LINEARS_PER_BLOCK = 6
 
 def tiny_model(seed: int = 0, cfg: ModelConfig = TINY) -> GPTModel:
     torch.manual_seed(seed)
-    return GPTModel(cfg).eval()
+    return build_gpt(cfg).eval()
 
 
 def randomize_b(model: nn.Module, seed: int = 1) -> None:
@@ -103,14 +104,14 @@ def test_gpt2_small_trainable_counts_at_rank_16() -> None:
     """The book's appendix E: 124,441,346 trainable before, 0 frozen, 2,666,528 with LoRA (rank 16)."""
     cfg = ModelConfig.from_preset("gpt2-small", context_length=1024, qkv_bias=True)
     with torch.device("meta"):  # shapes only: no memory
-        classifier = GPTModel(cfg)
+        classifier = build_gpt(cfg)
         classifier.out_head = nn.Linear(cfg.emb_dim, 2)  # the book's new head, trainable as created
         assert count_trainable(classifier) == 124_441_346
         add_lora(classifier, rank=16, alpha=16)
         assert count_trainable(classifier) == lora_parameter_count(classifier) == 2_666_528
 
         # The same adapters on the language model (the instruction fine-tune): its head is 768 -> 50,257.
-        language_model = GPTModel(cfg)
+        language_model = build_gpt(cfg)
         add_lora(language_model, rank=16, alpha=16)
         assert count_trainable(language_model) == 3_470_608
         assert count_trainable(language_model) == expected_lora_count(cfg, 16, cfg.vocab_size)

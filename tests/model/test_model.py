@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GELU, GPTModel, LayerNorm
 
@@ -21,14 +22,14 @@ def n_params(module: torch.nn.Module) -> int:
 def meta_model(preset: str, **overrides: object) -> GPTModel:
     """A model whose tensors have shapes but no storage, so even gpt2-xl costs no memory."""
     with torch.device("meta"):
-        return GPTModel(ModelConfig.from_preset(preset, context_length=1024, qkv_bias=False, **overrides))
+        return build_gpt(ModelConfig.from_preset(preset, context_length=1024, qkv_bias=False, **overrides))
 
 
 @pytest.fixture(scope="module")
 def gpt2_small() -> GPTModel:
     # The book's chapter 4 set-up: seed 123, then build GPT_CONFIG_124M.
     torch.manual_seed(123)
-    return GPTModel(ModelConfig(context_length=1024, qkv_bias=False)).eval()
+    return build_gpt(ModelConfig(context_length=1024, qkv_bias=False)).eval()
 
 
 def test_gpt2_small_parameter_counts() -> None:
@@ -52,7 +53,7 @@ def test_larger_presets_parameter_counts() -> None:
 
 def test_tied_head_with_qkv_bias_matches_openai_count() -> None:
     with torch.device("meta"):
-        model = GPTModel(ModelConfig(context_length=1024, qkv_bias=True))
+        model = build_gpt(ModelConfig(context_length=1024, qkv_bias=True))
     model.out_head.weight = model.tok_emb.weight
     assert n_params(model) == 124_439_808
 
@@ -61,7 +62,7 @@ def test_tied_head_with_qkv_bias_matches_openai_count() -> None:
 def test_seeded_gpt2_small_continues_like_the_book(gpt2_small: GPTModel, attention: str) -> None:
     # Chapter 4 prints "Hello, I am Featureiman Byeswickattribute argue" for this model.
     with torch.device("meta"):
-        model = GPTModel(ModelConfig(context_length=1024, qkv_bias=False, attention=attention))
+        model = build_gpt(ModelConfig(context_length=1024, qkv_bias=False, attention=attention))
     model.load_state_dict(gpt2_small.state_dict(), assign=True)  # shares the seeded weights
     model.eval()
     hello = torch.tensor([[15496, 11, 314, 716]])
@@ -74,7 +75,7 @@ def test_seeded_weights_do_not_depend_on_attention_choice() -> None:
     states = []
     for attention in ("sdpa", "masked_softmax"):
         torch.manual_seed(123)
-        states.append(GPTModel(ModelConfig(**{**TINY.to_dict(), "attention": attention})).state_dict())
+        states.append(build_gpt(ModelConfig(**{**TINY.to_dict(), "attention": attention})).state_dict())
     assert states[0].keys() == states[1].keys()
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), name
@@ -83,7 +84,7 @@ def test_seeded_weights_do_not_depend_on_attention_choice() -> None:
 @pytest.mark.parametrize("attention", ["sdpa", "masked_softmax"])
 def test_later_tokens_never_change_earlier_logits(attention: str) -> None:
     torch.manual_seed(0)
-    model = GPTModel(ModelConfig(**{**TINY.to_dict(), "attention": attention})).eval()
+    model = build_gpt(ModelConfig(**{**TINY.to_dict(), "attention": attention})).eval()
     ids = torch.randint(0, TINY.vocab_size, (2, 20))
     changed = ids.clone()
     changed[:, 12] = (changed[:, 12] + 1) % TINY.vocab_size
@@ -95,8 +96,8 @@ def test_later_tokens_never_change_earlier_logits(attention: str) -> None:
 
 def test_sdpa_and_masked_softmax_agree() -> None:
     torch.manual_seed(0)
-    sdpa = GPTModel(TINY).eval()
-    masked = GPTModel(ModelConfig(**{**TINY.to_dict(), "attention": "masked_softmax"})).eval()
+    sdpa = build_gpt(TINY).eval()
+    masked = build_gpt(ModelConfig(**{**TINY.to_dict(), "attention": "masked_softmax"})).eval()
     masked.load_state_dict(sdpa.state_dict())
     ids = torch.randint(0, TINY.vocab_size, (3, TINY.context_length))
     with torch.no_grad():
@@ -125,19 +126,19 @@ def test_gelu_is_the_tanh_approximation() -> None:
 
 
 def test_language_model_output_shape() -> None:
-    model = GPTModel(TINY).eval()
+    model = build_gpt(TINY).eval()
     ids = torch.randint(0, TINY.vocab_size, (3, 7))
     assert model(ids).shape == (3, 7, TINY.vocab_size)
 
 
 def test_classifier_head_outputs_num_classes() -> None:
-    model = GPTModel(ModelConfig(**{**TINY.to_dict(), "num_classes": 2})).eval()
+    model = build_gpt(ModelConfig(**{**TINY.to_dict(), "num_classes": 2})).eval()
     ids = torch.randint(0, TINY.vocab_size, (3, 7))
     assert model(ids).shape == (3, 7, 2)
     assert model.out_head.bias is not None  # the book's classification head has a bias
 
 
 def test_inputs_longer_than_the_context_are_refused() -> None:
-    model = GPTModel(TINY).eval()
+    model = build_gpt(TINY).eval()
     with pytest.raises(AssertionError, match="context length"):
         model(torch.zeros(1, TINY.context_length + 1, dtype=torch.long))

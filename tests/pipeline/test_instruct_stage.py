@@ -22,8 +22,8 @@ from gptlab.cli.main import main as gptlab_main
 from gptlab.data import instruct
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
-from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID, load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.pipeline.stage import stage_main
@@ -109,7 +109,7 @@ def project(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) 
         max_records=split.max_records,
     )
     cfg = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
-    save_model(GPTModel(cfg), tmp_path / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
+    save_model(build_gpt(cfg), tmp_path / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
     return tmp_path
 
 
@@ -246,7 +246,7 @@ def test_answers_stop_where_the_base_models_context_is_full_and_the_stage_says_s
     params["instruct"].update(allowed_max_length=64, max_new_tokens=256)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cfg = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
-    save_model(GPTModel(cfg), project / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
+    save_model(build_gpt(cfg), project / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
 
     run(load_params())
 
@@ -310,7 +310,7 @@ def test_chat_after_a_smoke_run_names_the_command_that_uses_its_model(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)
-    save_model(GPTModel(cfg), ".gptlab/smoke/models/instruct")
+    save_model(build_gpt(cfg), ".gptlab/smoke/models/instruct")
     assert gptlab_main(["chat", "Name a color."]) == 2
     err = capsys.readouterr().err
     assert "gptlab chat --model .gptlab/smoke/models/instruct --raw-dir .gptlab/smoke/data/raw" in err
@@ -318,7 +318,7 @@ def test_chat_after_a_smoke_run_names_the_command_that_uses_its_model(
 
 def test_chat_refuses_an_empty_instruction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model_dir = save_model(
-        GPTModel(ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2)), tmp_path
+        build_gpt(ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2)), tmp_path
     )
     assert gptlab_main(["chat", "  ", "--model", str(model_dir)]) == 2
     assert "instruction is empty" in capsys.readouterr().err
@@ -341,7 +341,7 @@ def test_lora_stage_trains_adapters_and_saves_a_plain_model_chat_and_export_read
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     base, _ = load_model(project / "models" / "gpt2" / "gpt2-medium")
     with torch.device("meta"):
-        expected = sum(p.numel() for p in add_lora(GPTModel(base.cfg), 4, 8).parameters() if p.requires_grad)
+        expected = sum(p.numel() for p in add_lora(build_gpt(base.cfg), 4, 8).parameters() if p.requires_grad)
 
     run(load_params())
 

@@ -25,6 +25,7 @@ from gptlab.data.verdict import GPTDatasetV1, encode, load_split, save_split, sp
 from gptlab.experiments.profiles import profile_params
 from gptlab.model.checkpoint import load_model, read_config, save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import load_params
 from gptlab.schema import ConfigError
@@ -325,7 +326,7 @@ def tiny_pretrain_checkpoint(context_length: int = 32) -> GPTModel:
     """An untied, bias-free model like the pretrain stage's, saved as models/pretrain."""
     torch.manual_seed(7)
     cfg = ModelConfig(context_length=context_length, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False)
-    model = GPTModel(cfg).eval()
+    model = build_gpt(cfg).eval()
     save_model(model, "models/pretrain", {"stage": "pretrain"})
     return model
 

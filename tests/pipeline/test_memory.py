@@ -85,13 +85,13 @@ import torch
 from gptlab.pipeline.memory import keep_freed_memory
 from gptlab.model.config import ModelConfig
 from gptlab.training.chunked_loss import language_model_loss
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 
 if sys.argv[1] == "kept":
     assert keep_freed_memory()
 torch.manual_seed(123)
 cfg = ModelConfig(context_length=32, emb_dim=64, n_heads=2, n_layers=2, kernels=sys.argv[2])
-model = GPTModel(cfg)
+model = build_gpt(cfg)
 optimizer = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=0.1)
 loss_fn = language_model_loss(sys.argv[3])
 ids = torch.randint(0, 50257, (4, 33))

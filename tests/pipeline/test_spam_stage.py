@@ -30,7 +30,7 @@ from gptlab.cli.main import main as gptlab_main
 from gptlab.data import spam
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import PAD_TOKEN_ID, class_logits, make_classifier
@@ -79,7 +79,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
     )
     torch.manual_seed(0)
     base = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
-    save_model(GPTModel(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
 
     store = tmp_path_factory.mktemp("mlflow")
     env = {
@@ -303,7 +303,7 @@ def test_classify_after_a_smoke_run_names_the_command_that_uses_its_model(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     save_model(
-        GPTModel(ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)),
+        build_gpt(ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)),
         ".gptlab/smoke/models/spam",
     )
     assert gptlab_main(["classify", "free prize"]) == 2
@@ -315,7 +315,7 @@ def test_classify_refuses_a_language_model_checkpoint(
     tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1)
-    save_model(GPTModel(cfg), tmp_path / "lm")
+    save_model(build_gpt(cfg), tmp_path / "lm")
     code = gptlab_main(["classify", "hi", "--model", str(tmp_path / "lm"), "--raw-dir", str(shared_data)])
     assert code == 2
     assert "not a spam-finetune classifier" in capsys.readouterr().err
@@ -326,7 +326,7 @@ def test_classify_pads_like_training_and_uses_the_checkpoint_pooling(
 ) -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
-    model = make_classifier(GPTModel(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    model = make_classifier(build_gpt(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
     metadata = {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "mean"}
     save_model(model, tmp_path / "clf", metadata)
     args = ["classify", "--model", str(tmp_path / "clf"), "--raw-dir", str(shared_data), "--json"]
@@ -453,9 +453,9 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
     )
     torch.manual_seed(0)
     base = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, qkv_bias=True)
-    save_model(GPTModel(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
     with torch.device("meta"):
-        expected = make_classifier(GPTModel(base), 2, trainable="lora", trainable_blocks=1, seed=0)
+        expected = make_classifier(build_gpt(base), 2, trainable="lora", trainable_blocks=1, seed=0)
         expected = count_trainable(add_lora(expected, 4, 8))
     monkeypatch.chdir(project)
 
@@ -472,7 +472,7 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
     assert metadata["trainable_params"] == expected
     assert metadata["max_length"] == 64 and metadata["pooling"] == "first"
     # The adapters trained: the merged head differs from the seeded fresh head the stage started with.
-    fresh = make_classifier(GPTModel(base), 2, trainable="lora", trainable_blocks=1, seed=123)
+    fresh = make_classifier(build_gpt(base), 2, trainable="lora", trainable_blocks=1, seed=123)
     assert not torch.allclose(model.out_head.weight, fresh.out_head.weight)
     base_model, _ = load_model(project / "models" / "gpt2" / "gpt2-small")
     assert torch.equal(model.tok_emb.weight, base_model.tok_emb.weight)  # no Linear, no adapter: frozen
@@ -500,10 +500,10 @@ def test_random_base_weights_are_the_architecture_freshly_seeded(tmp_path: Path)
 
     torch.manual_seed(1)
     cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1, qkv_bias=True)
-    save_model(GPTModel(cfg), tmp_path / "base", {"stage": "load-gpt2"})
+    save_model(build_gpt(cfg), tmp_path / "base", {"stage": "load-gpt2"})
     model, metadata = _base_model(tmp_path / "base", "random", 0.0, 123, torch.device("cpu"))
     torch.manual_seed(123)
-    expected = GPTModel(dataclasses.replace(cfg, drop_rate=0.0))
+    expected = build_gpt(dataclasses.replace(cfg, drop_rate=0.0))
     assert metadata == {"stage": "load-gpt2"} and model.cfg.drop_rate == 0.0
     for (name, ours), theirs in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
         assert torch.equal(ours, theirs), name

@@ -28,7 +28,7 @@ from gptlab.data.fetch import fetch, sha256_file
 from gptlab.errors import GptlabError
 from gptlab.model.checkpoint import cpu_weights, save_model, save_training_checkpoint
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.stage import stage_main
 
 from helpers import PROJECT_ROOT, committed_params
@@ -96,7 +96,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], prefix: str) -> str:
 def test_export_onto_a_full_disk_is_one_line_naming_the_file(
     tmp_path: Path, disk: Disk, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    checkpoint = save_model(GPTModel(WIDE), tmp_path / "models" / "pretrain")
+    checkpoint = save_model(build_gpt(WIDE), tmp_path / "models" / "pretrain")
     out = disk.folder / "hf"
     assert main(["export", str(checkpoint), str(out)]) == 2
     line = one_line_error(capsys, "gptlab export: ")
@@ -109,7 +109,7 @@ def test_a_model_save_onto_a_full_disk_fails_the_stage_in_one_line(
 ) -> None:
     """What the spam stage (training_stage) does last: save_model into models/spam."""
     target = disk.folder / "models" / "spam"
-    model = GPTModel(WIDE)
+    model = build_gpt(WIDE)
     with pytest.raises(SystemExit) as stopped:
         stage_main(lambda _: save_model(model, target), None, ["--params", str(PROJECT_ROOT / "params.yaml")])
     assert stopped.value.code == 2
@@ -120,7 +120,7 @@ def test_a_model_save_onto_a_full_disk_fails_the_stage_in_one_line(
 
 def test_a_training_checkpoint_onto_a_full_disk_names_the_file(disk: Disk) -> None:
     """The weights fit, the training state (~4 MB of optimizer moments) does not: torch.save fails."""
-    model = GPTModel(TINY)
+    model = build_gpt(TINY)
     state = {"optimizer": {"exp_avg": torch.zeros(1 << 20)}, "steps": 3}
     with pytest.raises(GptlabError) as failed:
         save_training_checkpoint(disk.folder / "resume", 3, TINY, cpu_weights(model), state)
@@ -166,7 +166,7 @@ def _run_killed(code: str) -> None:
 
 
 def test_the_temporary_folder_of_a_killed_export_goes_on_the_next_export(tmp_path: Path) -> None:
-    checkpoint = save_model(GPTModel(TINY), tmp_path / "models" / "pretrain")
+    checkpoint = save_model(build_gpt(TINY), tmp_path / "models" / "pretrain")
     out = tmp_path / "out"
     _run_killed(
         "import os; from pathlib import Path; from gptlab.model.hf_gpt2 import write_folder_atomically\n"

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import (
     PAD_TOKEN_ID,
@@ -33,7 +34,7 @@ TINY = ModelConfig(context_length=32, emb_dim=32, n_heads=2, n_layers=3, drop_ra
 
 def tiny_classifier(trainable: str = "last_blocks", trainable_blocks: int = 1, seed: int = 123) -> GPTModel:
     torch.manual_seed(0)
-    model = GPTModel(TINY)
+    model = build_gpt(TINY)
     return make_classifier(model, 2, trainable=trainable, trainable_blocks=trainable_blocks, seed=seed)
 
 
@@ -92,7 +93,7 @@ def test_new_head_is_the_seeded_linear_of_the_book() -> None:
     reference = nn.Linear(TINY.emb_dim, 2)
     for weights_seed in (0, 1):  # the base weights differ, the head does not
         torch.manual_seed(weights_seed)
-        model = make_classifier(GPTModel(TINY), 2, trainable="head", trainable_blocks=1, seed=123)
+        model = make_classifier(build_gpt(TINY), 2, trainable="head", trainable_blocks=1, seed=123)
         assert torch.equal(model.out_head.weight, reference.weight)
         assert torch.equal(model.out_head.bias, reference.bias)
 

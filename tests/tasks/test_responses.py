@@ -10,6 +10,7 @@ import torch
 
 from gptlab.data.instruct import format_input, format_prompt
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.tasks.responses import (
@@ -52,7 +53,7 @@ def test_extract_refuses_text_without_its_prompt() -> None:
 def constant_model(token_id: int) -> GPTModel:
     """A tiny GPT whose greedy choice is always `token_id`: the final norm outputs a fixed vector."""
     torch.manual_seed(0)
-    model = GPTModel(ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0))
+    model = build_gpt(ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0))
     with torch.no_grad():
         model.final_norm.scale.zero_()
         model.final_norm.shift.zero_()
@@ -125,7 +126,7 @@ def test_rouge_l() -> None:
 
 def test_batched_answers_equal_one_by_one(tokenizer) -> None:
     torch.manual_seed(1)
-    model = GPTModel(ModelConfig(context_length=96, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)).eval()
+    model = build_gpt(ModelConfig(context_length=96, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)).eval()
     records = [ENTRY, ENTRY_WITH_INPUT, {**ENTRY, "instruction": "Say something."}, ENTRY_WITH_INPUT]
     one_by_one = generate_responses(model, tokenizer, records, max_new_tokens=12)
     assert len({r["model_response"] for r in one_by_one}) > 1  # the prompts get different answers

@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from gptlab.cli.main import main as gptlab_main
 from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.registry import log_model
@@ -80,7 +81,7 @@ def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
 def tiny_classifier(directory: Path) -> GPTModel:
     torch.manual_seed(0)
     cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
-    model = make_classifier(GPTModel(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    model = make_classifier(build_gpt(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
     save_model(model, directory, {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "last"})
     return model
 
@@ -88,7 +89,7 @@ def tiny_classifier(directory: Path) -> GPTModel:
 def tiny_language_model(directory: Path) -> GPTModel:
     torch.manual_seed(0)
     cfg = ModelConfig(context_length=128, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
-    model = GPTModel(cfg).eval()
+    model = build_gpt(cfg).eval()
     save_model(model, directory, {"source": "test"})
     return model
 

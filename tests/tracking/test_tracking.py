@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from gptlab.data.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
 from gptlab.tracking.runs import NULL_RUN, stage_run, tracking_uri
@@ -135,7 +135,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     def train(run, train_cfg: TrainConfig):
         torch.manual_seed(0)
         return fit(
-            GPTModel(model_cfg),
+            build_gpt(model_cfg),
             train_data,
             val_data,
             cfg=train_cfg,

@@ -29,7 +29,7 @@ from gptlab.cli.main import main
 from gptlab.data.verdict import GPTDatasetV1
 from gptlab.model.checkpoint import list_checkpoints
 from gptlab.model.config import ModelConfig
-from gptlab.model.gpt import GPTModel
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.training_stage import DatasetRead, training_run
 from gptlab.tracking.runs import TrackingLost
 from gptlab.training.loop import TrainResult
@@ -147,7 +147,7 @@ def train(tmp_path: Path, name: str, on_epoch_end: Callable[[int, nn.Module], di
         dataset=DatasetRead("toy", data, {"train_rows": 22}),
     ) as stage:
         result = stage.fit(
-            GPTModel(TINY), windows(22, 1), windows(5, 2), LOOP, next_token_loss, on_epoch_end=on_epoch_end
+            build_gpt(TINY), windows(22, 1), windows(5, 2), LOOP, next_token_loss, on_epoch_end=on_epoch_end
         )
         stage.tracker.log_metrics({"final/steps": result.steps}, step=result.global_step)
         return result

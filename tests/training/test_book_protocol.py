@@ -29,6 +29,7 @@ from gptlab.data.instruct import instruction_collate
 from gptlab.data.verdict import GPTDatasetV1, encode, split_text
 from gptlab.model.checkpoint import load_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import expected_hf_shapes
@@ -257,7 +258,7 @@ def openai_weights_file(path: Path) -> Path:
 
 def book_pretrained(weights: Path, drop_rate: float) -> GPTModel:
     """The book's way: its GPTModel (masked softmax, its kernels) with load_weights_into_gpt."""
-    model = GPTModel(dataclasses.replace(GPT2_TINY, drop_rate=drop_rate))
+    model = build_gpt(dataclasses.replace(GPT2_TINY, drop_rate=drop_rate))
     book_load_weights_into_gpt(model, load_file(str(weights)))
     return model.eval()
 
@@ -293,14 +294,14 @@ def test_chapter_5_loop(tmp_path: Path) -> None:
     train, val = windows(22, seed=1), windows(5, seed=2)  # 5 batches of 4 per epoch (2 left over)
 
     torch.manual_seed(123)  # chapter 5: seed, model, optimizer, train
-    model = GPTModel(TINY)
+    model = build_gpt(TINY)
     optimizer = torch.optim.AdamW(model.parameters(), lr=BOOK.lr, weight_decay=BOOK.weight_decay)
     train_loader, val_loader = book_loaders(train, val, BOOK.batch_size)
     book = book_train_model_simple(model, train_loader, val_loader, optimizer, BOOK.epochs, 2, 2)
 
     torch.manual_seed(123)
     ours = fit(
-        GPTModel(TINY),
+        build_gpt(TINY),
         train,
         val,
         cfg=BOOK,
@@ -422,7 +423,7 @@ def test_a_run_resumed_mid_epoch_replays_the_books_draws(tmp_path: Path) -> None
     def run(loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], folder: str):
         every_3 = checkpoint_config(every_steps=3)
         return fit(
-            GPTModel(TINY),
+            build_gpt(TINY),
             train,
             val,
             cfg=BOOK,
@@ -463,7 +464,7 @@ def test_the_book_packages_chapter_5_unit_test(shared_data: Path, tmp_path: Path
     cfg = dataclasses.replace(BOOK, batch_size=1, epochs=2, lr=5e-4, eval_freq=1, eval_iter=1)
     torch.set_num_threads(2)
     torch.manual_seed(123)
-    model = GPTModel(
+    model = build_gpt(
         ModelConfig(context_length=256, drop_rate=0.1, qkv_bias=False, attention="masked_softmax")
     )
     result = fit(

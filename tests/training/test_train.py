@@ -26,6 +26,7 @@ from gptlab.files import WriteError
 from gptlab.model import checkpoint
 from gptlab.model.checkpoint import WEIGHTS_FILE
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.schema import ConfigError
@@ -58,7 +59,7 @@ def verdict_data() -> tuple[GPTDatasetV1, GPTDatasetV1]:
 
 def tiny_model() -> GPTModel:
     torch.manual_seed(123)
-    return GPTModel(TINY)
+    return build_gpt(TINY)
 
 
 def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

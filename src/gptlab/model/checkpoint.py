@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from gptlab.errors import InputError
 from gptlab.files import WriteError, atomic_path, fsync_dir, naming_write_failures
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.schema import ConfigError
 
@@ -124,7 +125,7 @@ def load_model(
     except (SafetensorError, OSError) as exc:
         raise InputError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
     require_finite(state, weights)
-    model = GPTModel(cfg)
+    model = build_gpt(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(

@@ -4,7 +4,7 @@ A decoding step multiplies one token per row by every weight, so its time is
 reading the weights (~500 MB for GPT-2 small at fp32) plus, through the
 modules, ~140 module calls and layout checks a token in Python. `FusedDecoder`
 runs the same operations on the same (in, out) weight copies
-(`model.DecodeWeight`) in the same order as the modules' own decoding path, so
+(`fast_kernels.DecodeWeight`) in the same order as the modules' own decoding path, so
 its logits and tokens are bit for bit the modules'; it only leaves the module
 machinery out: on the AVX2 CPU measured, 100 greedy tokens of GPT-2 small ran
 1.27x transformers' `generate` against 1.13x before (benchmarks/README.md).
@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gptlab.model.gpt import GELU, GPTModel, KVCache, LayerNorm, Linear, decode_linear, is_decoding_step
+from gptlab.model.fast_kernels import (
+    DecodeLinear,
+    FusedQKVSdpaAttention,
+    decode_linear,
+    is_decoding_step,
+)
+from gptlab.model.gpt import GELU, GPTModel, KVCache, LayerNorm
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,8 @@ class FusedDecoder:
             )
         ]
         return (
-            model.cfg.kernels == "fused"
-            and model.cfg.attention == "sdpa"
-            and all(type(m) is Linear for m in linears)  # LoRA's wrappers keep the module path
+            all(type(block.att) is FusedQKVSdpaAttention for block in model.trf_blocks)
+            and all(type(m) is DecodeLinear for m in linears)  # LoRA's wrappers keep the module path
             and not model.training
             and is_decoding_step(idx)  # one token for each of the b rows
         )
@@ -119,5 +124,5 @@ class FusedDecoder:
         return model.final_norm(x)
 
 
-def _projection(linear: Linear) -> _Projection:
+def _projection(linear: DecodeLinear) -> _Projection:
     return _Projection(linear.decode_weight.of([linear.weight]), linear.bias)

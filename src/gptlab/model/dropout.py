@@ -1,4 +1,4 @@
-"""Dropout whose mask costs a fraction of torch's on the CPU (`kernels: fused`).
+"""Dropout whose mask costs a fraction of torch's on the CPU (`kernels: fused`, see fast_kernels.py).
 
 On the CPU (on AMD ones, where torch does not hand it to MKL) torch draws a
 dropout mask one element at a time (`bernoulli_`, ~7 ns an element on 2 cores:
@@ -43,8 +43,3 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
-
-
-def dropout_class(kernels: str) -> type[nn.Dropout]:
-    """The dropout layers of `kernels`: nn.Dropout itself for the book's, Dropout for fused."""
-    return Dropout if kernels == "fused" else nn.Dropout

@@ -50,6 +50,7 @@ from gptlab.errors import InputError
 from gptlab.files import UMASK, WriteError, atomic_path, fsync_dir, remove_orphans, temp_prefix
 from gptlab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.schema import ConfigError
@@ -103,7 +104,7 @@ def expected_hf_shapes(cfg: ModelConfig, *, untied_head: bool = False) -> dict[s
     """The shape of every Hugging Face tensor a model with `cfg` needs, derived from our model."""
     check_language_model(cfg)
     with torch.device("meta"):  # shapes only, no memory, no random init
-        ours = {k: tuple(v.shape) for k, v in GPTModel(cfg).state_dict().items()}
+        ours = {k: tuple(v.shape) for k, v in build_gpt(cfg).state_dict().items()}
     shapes = {hf: _hf_shape(hf, ours[name]) for name, hf in name_map(cfg.n_layers).items()}
     fused, _ = FUSED_QKV
     for i in range(cfg.n_layers):
@@ -220,7 +221,7 @@ def model_from_hf_state(
     """A GPTModel (eval mode, cpu) holding the converted tensors, with no second copy in memory."""
     state = hf_to_gptlab(hf_state, cfg, tie_head=tie_head, source=source)
     with torch.device("meta"):
-        model = GPTModel(cfg)
+        model = build_gpt(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gptlab.model.gpt import GPTModel, Linear
+from gptlab.model.fast_kernels import DecodeLinear
+from gptlab.model.gpt import GPTModel
 from gptlab.training.losses import IGNORE_INDEX, LossFn, next_token_loss
 
 # Logits per chunk: at most 2**25 fp32 values (134 MB, 640 tokens of GPT-2's vocabulary). A
@@ -47,7 +48,7 @@ def chunked_next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.T
     """
     if (
         not isinstance(model, GPTModel)
-        or type(model.out_head) not in (nn.Linear, Linear)
+        or type(model.out_head) not in (nn.Linear, DecodeLinear)
         or model.out_head.bias is not None
     ):
         return next_token_loss(model, batch)

@@ -22,11 +22,11 @@ def trainable_count(
     from torch import nn
 
     from gptlab.model.config import ModelConfig
-    from gptlab.model.gpt import GPTModel
+    from gptlab.model.fast_kernels import build_gpt
     from gptlab.model.lora import add_lora
 
     with torch.device("meta"):
-        model = GPTModel(ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias))
+        model = build_gpt(ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias))
         if num_classes is not None:
             model.out_head = nn.Linear(model.cfg.emb_dim, num_classes)
         if lora_rank is not None:

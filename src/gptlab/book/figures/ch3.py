@@ -117,7 +117,7 @@ def attention_output(
     run: FigureInputs | None, module: str, seed: int, d_out: int, heads: int, shape: bool, sequence: int = 0
 ) -> Any:
     """The batch of the six inputs twice through `causal` attention (listing 3.3), the `wrapper` of heads
-    (3.4) or the pipeline's `multihead` attention (3.5, model.py), built after `seed`: the output's
+    (3.4) or the pipeline's `multihead` attention (3.5, gpt.py), built after `seed`: the output's
     shape, or the output for one `sequence` of the batch."""
     import torch
 
@@ -131,6 +131,6 @@ def attention_output(
     elif module == "wrapper":
         attention = MultiHeadAttentionWrapper(3, d_out, batch.shape[1], 0.0, heads)
     else:
-        attention = MultiHeadAttention(3, d_out, 0.0, heads, attention="masked_softmax")
+        attention = MultiHeadAttention(3, d_out, 0.0, heads)  # the book's masked softmax
     out = attention(batch)
     return list(out.shape) if shape else _rows(out[sequence])

@@ -35,12 +35,12 @@ def _model(preset: str, context_length: int, qkv_bias: bool, *, seed: int | None
     import torch
 
     from gptlab.model.config import ModelConfig
-    from gptlab.model.gpt import GPTModel
+    from gptlab.model.fast_kernels import build_gpt
 
     cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
     if seed is None:
         with torch.device("meta"):
-            return GPTModel(cfg)
+            return build_gpt(cfg)
     return seeded_model(cfg, seed)
 
 
@@ -49,10 +49,10 @@ def seeded_model(cfg: Any, seed: int) -> Any:
     """The book's order: seed, then build (so the weights are the book's); in eval mode, built once."""
     import torch
 
-    from gptlab.model.gpt import GPTModel
+    from gptlab.model.fast_kernels import build_gpt
 
     torch.manual_seed(seed)
-    return GPTModel(cfg).eval()
+    return build_gpt(cfg).eval()
 
 
 def parameter_count(
