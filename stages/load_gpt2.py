@@ -18,10 +18,10 @@ default, SDPA and fused ones on the fast profile), and the fine-tunes, which
 rebuild their model from that config, compute as it says. Each model is then
 checked as the book does: loss and perplexity on The Verdict's windows the
 pretrained model was trained on (the metric names of the eval stage) and a
-seeded sample. One MLflow run per
-model, named load-gpt2/<name> and tagged gptlab.base_model=<name>, so each sits beside
-the eval stage's run of our pretrained model in the UI with the same metric
-columns; all of it also goes to reports/load-gpt2/{metrics,samples}.json. With
+seeded sample. One MLflow run per model, named load-gpt2/<name> and tagged
+gptlab.base_model=<name>, so each sits beside the eval stage's run of our
+pretrained model in the UI with the same metric columns; all of it also goes to
+reports/load-gpt2/{metrics,samples}.json. With
 gpt2.source pretrain the run links the pretrain run that wrote models/pretrain, and
 each checkpoint's metadata names its own load-gpt2 run, for the fine-tunes to link.
 """
