@@ -43,7 +43,6 @@ from gptlab.data.instruct import (
     load_split,
     split_path,
 )
-from gptlab.errors import InputError
 from gptlab.files import write_json
 from gptlab.model.checkpoint import load_model, read_config
 from gptlab.model.gpt import GPTModel
@@ -54,6 +53,7 @@ from gptlab.pipeline.params import Params
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
 from gptlab.schema import flatten
 from gptlab.tasks.config import InstructConfig
+from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
 from gptlab.tasks.judge import check_judge, judge_all, summarize
 from gptlab.tasks.responses import answer_room, generate_responses, prompt_ids, rouge_l
 from gptlab.tracking.runs import StageRun
@@ -77,8 +77,7 @@ def run(params: Params) -> None:
     if cfg.judge.enabled:
         check_judge(cfg.judge)
     base_cfg, base_metadata = read_config(base_dir)
-    if base_cfg.num_classes is not None:
-        raise InputError(f"{base_dir} is a classifier; instruct.base_model must name a GPT-2 language model")
+    require_language_model(base_cfg, base_dir, "instruct.base_model")
     splits = {split: load_split(processed_dir, split) for split in SPLITS}
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     datasets = {split: InstructionDataset(records, tokenizer) for split, records in splits.items()}
@@ -98,7 +97,8 @@ def run(params: Params) -> None:
         upstream=(base_dir, base_metadata),
     ) as stage:
         model, _ = load_model(base_dir, drop_rate=cfg.drop_rate)
-        if cfg.trainable == "lora":
+        select_trainable(model, cfg.trainable)
+        if adds_lora(cfg.trainable):
             torch.manual_seed(cfg.train.seed)  # A's draws, reproducible
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
         trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)

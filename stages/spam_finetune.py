@@ -52,6 +52,7 @@ from gptlab.tasks.classifier import (
     predict,
 )
 from gptlab.tasks.config import SpamConfig
+from gptlab.tasks.fine_tune import adds_lora, require_language_model
 from gptlab.tracking.runs import StageRun, section
 from gptlab.training.data_order import evaluation_loader
 from gptlab.training.loop import TrainResult, require_one_batch
@@ -95,7 +96,7 @@ def run(params: Params) -> None:
         initial = {f"{s}_accuracy": eval_accuracy(s, model, cfg.initial_eval_batches) for s in SPLITS}
         stage.tracker.log_metrics(section("initial", initial), step=0)
         print("before training: " + _percentages(initial))
-        if cfg.trainable == "lora":
+        if adds_lora(cfg.trainable):
             # Appendix E's order: the accuracies above, then the model frozen and every linear layer
             # wrapped; A is drawn from the RNG as it stands after them (B is zero: same accuracies).
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
@@ -245,20 +246,13 @@ def _base_model(
     """
     if weights == "random":
         base_cfg, base_metadata = read_config(base_dir)
-        _check_language_model(base_cfg.num_classes, base_dir)
+        require_language_model(base_cfg, base_dir, "spam.base_model")
         torch.manual_seed(seed)
         model = build_gpt(dataclasses.replace(base_cfg, drop_rate=drop_rate))
         return model.to(device).eval(), base_metadata
     model, base_metadata = load_model(base_dir, device, drop_rate=drop_rate)
-    _check_language_model(model.cfg.num_classes, base_dir)
+    require_language_model(model.cfg, base_dir, "spam.base_model")
     return model, base_metadata
-
-
-def _check_language_model(num_classes: int | None, base_dir: Path) -> None:
-    if num_classes is not None:
-        raise InputError(
-            f"{base_dir} is already a classifier: spam.base_model must name a GPT-2 language model"
-        )
 
 
 def _percentages(scores: dict[str, float]) -> str:

@@ -1,7 +1,8 @@
 """Typed, frozen config objects built from plain YAML data, with errors that name the key.
 
 Generic: any frozen dataclass whose fields are ints, floats, strings, bools,
-Literals, optionals, lists, dicts or other such dataclasses. Unknown keys,
+Literals, optionals, lists, dicts or other such dataclasses, or Any (the value
+as YAML reads it, for a field the dataclass checks itself). Unknown keys,
 missing keys and wrong types are refused with the full key path and what was
 expected, so a typo never silently falls back to a default.
 """
@@ -93,18 +94,20 @@ def build(cls: type[T], data: Any, path: str) -> T:
 
 
 def _convert(value: Any, annotation: Any, key: str) -> Any:
+    if annotation is Any:
+        return value
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
+        for option in (a for a in args if a is not type(None)):
             try:
                 return _convert(value, option, key)
-            except ConfigError as exc:
-                errors.append(exc)
+            except ConfigError:
+                # A mapping where a config may stand is that config: its own error names what is wrong.
+                if isinstance(value, Mapping) and dataclasses.is_dataclass(option):
+                    raise
         expected = " or ".join(_type_name(a) for a in args)
         raise ConfigError(f"{key}: expected {expected}, got {_describe(value)}")
     if origin is Literal:

@@ -270,16 +270,24 @@ def test_report_defaults_to_the_reports_folder(tmp_path: Path, reports: Path) ->
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        (figure("typo", tolerence={"abs": 1}), "figure 'typo': unknown key 'tolerence'"),
-        ({k: v for k, v in figure("bare").items() if k != "where"}, "figure 'bare': missing key 'where'"),
-        (figure("no-reason", tolerance={"abs": 0.1}), "figure 'no-reason': tolerance: missing key 'reason'"),
+        (figure("typo", tolerence={"abs": 1}), "figure 'typo': tolerence: unknown key"),
+        ({k: v for k, v in figure("bare").items() if k != "where"}, "figure 'bare': where: missing key"),
+        (figure("no-reason", tolerance={"abs": 0.1}), "figure 'no-reason': tolerance.reason: missing key"),
+        (
+            figure("two-bounds", tolerance={"abs": 0.1, "rel": 0.01, "reason": "printed to 1 decimal"}),
+            "figure 'two-bounds': tolerance: expected exactly one of `abs` and `rel`",
+        ),
+        (
+            figure("json-column", ours={"file": "pretrain/metrics.json", "key": "a", "column": "b"}),
+            "figure 'json-column': ours.column: is for .csv files",
+        ),
         (figure("bad-book", book={"about": 10}), "figure 'bad-book': book:"),
         (figure("bad-list", book="[1, 2"), "is not a printed list"),
         (figure("cut-first", book="[..., 1]"), "figure 'cut-first': book: Ellipsis in a list"),
-        (figure("bad-live", ours={"live": "nope"}), "figure 'bad-live': ours: live: unknown figure 'nope'"),
+        (figure("bad-live", ours={"live": "nope"}), "figure 'bad-live': ours.live: unknown figure 'nope'"),
         (
             figure("bad-args", ours={"live": "verdict_tokens", "args": {"x": 1}}),
-            "figure 'bad-args': ours: args:",
+            "figure 'bad-args': ours.args:",
         ),
         (figure("bad-chapter", chapter=3), "figure 'bad-chapter': chapter: 3"),
     ],

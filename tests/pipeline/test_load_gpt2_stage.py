@@ -22,7 +22,6 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.data.fetch import FetchError, sha256_file
 from gptlab.data.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
-from gptlab.experiments.profiles import profile_params
 from gptlab.model.checkpoint import load_model, read_config, save_model
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
@@ -53,14 +52,17 @@ def random_hf_model(seed: int) -> GPT2LMHeadModel:
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path, tokenizer) -> Path:
-    """A project folder with The Verdict's splits and params for tiny models; cwd is set to it."""
+    """A project folder with The Verdict's splits, a tiny pretrain checkpoint and params; cwd is set to it.
+
+    The params keep pretrain's own windows (256 tokens): load-gpt2 takes the checkpoint's (MAX_LENGTH).
+    """
     monkeypatch.chdir(tmp_path)
     train, val = split_text((shared_data / "the-verdict.txt").read_text(encoding="utf-8"), 0.9)
     save_split("data/processed", "train", encode(train, tokenizer))
     save_split("data/processed", "val", encode(val, tokenizer))
+    tiny_pretrain_checkpoint()
     params = committed_params_raw()
     params["data"]["raw_dir"] = str(shared_data)  # the test inputs hold gpt2/vocab.bpe and gpt2/encoder.json
-    params["pretrain"]["data"] = {"max_length": MAX_LENGTH, "stride": STRIDE}
     params["gpt2"]["batch_size"] = BATCH
     params["gpt2"]["sample"]["max_new_tokens"] = 5
     params["spam"]["base_model"], params["instruct"]["base_model"] = "gpt2-small", "gpt2-medium"
@@ -135,7 +137,7 @@ def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) ->
     for name, hf in hf_mirror.items():
         model, metadata = load_model(Path("models/gpt2") / name)
         assert model.cfg.qkv_bias and model.cfg.context_length == 64 and model.cfg.n_heads == 1
-        assert (model.cfg.attention, model.cfg.kernels) == ("masked_softmax", "book")  # the default params'
+        assert (model.cfg.attention, model.cfg.kernels) == ("masked_softmax", "book")  # the checkpoint's
         with torch.no_grad():
             torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-5)
         pin = load_params().gpt2.weights[name]
@@ -322,12 +324,30 @@ def test_base_model_without_pinned_weights_is_a_config_error(project: Path) -> N
         run(load_params())
 
 
-def tiny_pretrain_checkpoint(context_length: int = 32) -> GPTModel:
-    """An untied, bias-free model like the pretrain stage's, saved as models/pretrain."""
+def tiny_pretrain_checkpoint(
+    context_length: int = 32, kernels: tuple[str, str] = ("masked_softmax", "book")
+) -> GPTModel:
+    """An untied, bias-free model like the pretrain stage's, saved as models/pretrain with the params
+    the stage records: the book's kernels by default, windows of MAX_LENGTH tokens every STRIDE."""
     torch.manual_seed(7)
-    cfg = ModelConfig(context_length=context_length, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False)
+    attention, kernel = kernels
+    cfg = ModelConfig(
+        context_length=context_length,
+        emb_dim=32,
+        n_heads=2,
+        n_layers=2,
+        qkv_bias=False,
+        attention=attention,
+        kernels=kernel,
+    )
     model = build_gpt(cfg).eval()
-    save_model(model, "models/pretrain", {"stage": "pretrain"})
+    recorded = {
+        "pretrain.model.attention": attention,
+        "pretrain.model.kernels": kernel,
+        "pretrain.data.max_length": MAX_LENGTH,
+        "pretrain.data.stride": STRIDE,
+    }
+    save_model(model, "models/pretrain", {"stage": "pretrain", "params": recorded})
     return model
 
 
@@ -370,21 +390,15 @@ def test_pretrain_source_through_the_stage_script(project: Path) -> None:
     assert not list(Path("data/weights").glob("*/*"))  # nothing downloaded
 
 
-@pytest.mark.parametrize(
-    ("profile", "kernels"), [(None, ("masked_softmax", "book")), ("fast", ("sdpa", "fused"))]
-)
-def test_base_models_record_the_kernels_the_params_ask_for(
-    project: Path, profile: str | None, kernels: tuple[str, str]
+@pytest.mark.parametrize("kernels", [("masked_softmax", "book"), ("sdpa", "fused")])
+def test_base_models_record_the_kernels_of_the_pretrain_checkpoint(
+    project: Path, kernels: tuple[str, str]
 ) -> None:
-    """The book's masked softmax and kernels by default, the fast profile's otherwise; never the config default."""
-    pretrained = tiny_pretrain_checkpoint()
-    assert pretrained.cfg.attention == "sdpa"  # what a bare weights file or ModelConfig would give
+    """The book's masked softmax and kernels, or the fast profile's, as pretrain computed; never the params'."""
+    pretrained = tiny_pretrain_checkpoint(kernels=kernels)
     edit_params(**{"gpt2/source": "pretrain"})
-    params = (
-        load_params()
-        if profile is None
-        else profile_params(PROJECT_ROOT / "profiles" / f"{profile}.yaml", Path("params.yaml"))
-    )
+    params = load_params()  # the book's kernels: the checkpoint, not these, decides
+    assert (params.pretrain.model.attention, params.pretrain.model.kernels) == ("masked_softmax", "book")
     run(params)
 
     ids = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -398,9 +412,18 @@ def test_base_models_record_the_kernels_the_params_ask_for(
     assert logged == kernels[0]
 
 
-def test_pretrain_source_needs_the_pretrain_checkpoint(project: Path) -> None:
-    edit_params(**{"gpt2/source": "pretrain"})
+@pytest.mark.parametrize("source", ["huggingface", "pretrain"])
+def test_either_source_needs_the_pretrain_checkpoint(project: Path, source: str) -> None:
+    """Its kernels and windows come from its config.json, OpenAI's weights or not."""
+    edit_params(**{"gpt2/source": source})
+    shutil.rmtree("models/pretrain")
     with pytest.raises(FileNotFoundError, match="models/pretrain"):
+        run(load_params())
+
+
+def test_a_pretrain_checkpoint_without_its_params_is_refused(project: Path) -> None:
+    save_model(build_gpt(read_config("models/pretrain")[0]), "models/pretrain", {"stage": "pretrain"})
+    with pytest.raises(ValueError, match=r"models/pretrain/config\.json: its metadata lacks params"):
         run(load_params())
 
 

@@ -273,7 +273,8 @@ def row_major(model: GPTModel) -> GPTModel:
 
 def stage_pretrained(weights: Path, drop_rate: float) -> GPTModel:
     """The pipeline's way: load-gpt2 converts and saves the base model, the fine-tune rebuilds it from there."""
-    write_base_model("gpt2-small", committed_params(), weights)  # the default params: OpenAI's weights
+    params = committed_params()  # the default params: OpenAI's weights, the book's kernels
+    write_base_model("gpt2-small", params, weights, params.pretrain.model.resolve())
     model, _ = load_model(GPT2_MODELS / "gpt2-small", drop_rate=drop_rate)
     assert (model.cfg.attention, model.cfg.kernels) == ("masked_softmax", "book")
     return model

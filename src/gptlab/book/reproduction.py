@@ -12,6 +12,10 @@ sweep's table (reports/sweeps/<sweep>.csv, `gptlab sweep`) carries its own
 `gpt2.source`, which is what such a figure is checked against. Chapters are
 numbered; appendices are lettered ("E").
 
+The data file is built into frozen dataclasses by gptlab.schema, as params.yaml
+is: an unknown, missing or mistyped key is refused naming the file, the figure
+and the key.
+
 `render_markdown()` returns the report's text (for MLflow); `write_report()`
 also writes it. Only the live chapter 2 and 4 figures import torch, and only
 when they are computed.
@@ -29,7 +33,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -38,28 +42,17 @@ from gptlab.book.figures.inputs import NotRun
 from gptlab.errors import InputError
 from gptlab.files import atomic_path, require_file
 from gptlab.paths import REPORTS
-from gptlab.schema import flatten, read_yaml
+from gptlab.schema import ConfigError, FieldError, build, flatten, read_yaml, require
 
 BOOK_FILE = Path("reproduction/book.yaml")
 REPORT_NAME = "REPRODUCTION.md"
 
 OK, OFF, NOT_RUN = "✓", "✗", "not run"
 
-_FIGURE_KEYS = {
-    "id": True,
-    "chapter": True,
-    "description": True,
-    "where": True,
-    "book": True,
-    "tolerance": True,
-    "ours": False,
-    "needs": False,
-    "unit": False,
-}
-_TOLERANCE_KEYS = {"abs", "rel", "reason"}
-_OURS_KEYS = {"file", "key", "row", "column", "scale", "live", "args"}
 # The weights a `needs` row asks for are there only when load-gpt2 took OpenAI's checkpoints.
 _OPENAI_SOURCE = "huggingface"
+
+T = TypeVar("T")
 
 # A number, a text, or a printed tensor / list (nested lists of these); a list ending in `...` is a
 # printout cut short (only its printed part is compared).
@@ -71,9 +64,27 @@ Value = Any
 
 @dataclass(frozen=True)
 class Tolerance:
-    kind: str  # "abs" or "rel"
-    amount: float
+    """How far our value may lie from the book's: `abs`, or `rel` (a fraction of the book's), and why."""
+
     reason: str
+    abs: float | None = None
+    rel: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.abs is None) == (self.rel is None):
+            raise ConfigError("expected exactly one of `abs` and `rel`")
+        require(self.amount >= 0, self.kind, f"expected a number >= 0, got {self.amount:g}")
+        require(bool(self.reason.strip()), "reason", "expected a non-empty string (why that much)")
+
+    @property
+    def kind(self) -> str:
+        return "abs" if self.abs is not None else "rel"
+
+    @property
+    def amount(self) -> float:
+        amount = self.abs if self.abs is not None else self.rel
+        assert amount is not None, "one of abs and rel, checked when built"
+        return amount
 
     def allows(self, book: Value, ours: Value) -> bool:
         """Numbers within the tolerance, texts and their structure exactly, lists element by element."""
@@ -101,20 +112,60 @@ class Tolerance:
             bound = f"±{self.amount:g}" + (" points" if unit == "%" else f" {unit}" if unit else "")
         else:
             bound = f"±{self.amount * 100:g} % (relative)"
-        return f"{bound}: {self.reason}"
+        return f"{bound}: {self.reason.strip()}"
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where our value of a figure comes from."""
+    """Where our value of a figure comes from: a key of a JSON report, a cell of a CSV one, or live."""
 
-    file: str | None = None
-    keys: tuple[str, ...] = ()  # JSON keys; several are summed
-    row: Mapping[str, Any] = field(default_factory=dict)  # CSV: the row whose columns have these values
-    column: str | None = None
+    file: str | None = None  # under the reports folder
+    key: str | list[str] | None = None  # JSON: a dotted key, or several (summed)
+    row: dict[str, Any] = field(default_factory=dict)  # CSV: the row whose columns have these values
+    column: str | None = None  # CSV: the cell of that row
     scale: float = 1.0
-    live: str | None = None
-    args: Mapping[str, Any] = field(default_factory=dict)
+    live: str | None = None  # a figure computed by our code (gptlab.book.figures.LIVE)
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.live is not None:
+            extra = [name for name in ("file", "key", "row", "column") if getattr(self, name)]
+            require(not extra, extra[0] if extra else "live", "does not go with `live`")
+            function = LIVE.get(self.live)
+            if function is None:
+                raise FieldError("live", f"unknown figure {self.live!r}; known: {sorted(LIVE)}")
+            try:
+                inspect.signature(function).bind(None, **self.args)
+            except TypeError as exc:
+                raise FieldError("args", str(exc)) from None
+            return
+        require(
+            self.file is not None and self.file.endswith((".json", ".csv")),
+            "file",
+            "expected a .json or .csv path under the reports folder",
+        )
+        if self.is_csv:
+            require(not self.key, "key", "is for .json files; a .csv file takes `row` and `column`")
+            require(
+                bool(self.row) and self.column is not None,
+                "row" if not self.row else "column",
+                "a .csv file takes `row` ({column: value}) and `column`",
+            )
+        else:
+            require(
+                bool(self.keys) and all(self.keys), "key", "expected a dotted key (or a list of keys, summed)"
+            )
+            for name in ("row", "column"):
+                require(not getattr(self, name), name, "is for .csv files; a .json file takes `key`")
+
+    @property
+    def is_csv(self) -> bool:
+        return self.file is not None and self.file.endswith(".csv")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The JSON keys whose values are summed."""
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key or ())
 
     def describe(self) -> str:
         scale = f" × {self.scale:g}" if self.scale != 1 else ""
@@ -125,6 +176,43 @@ class Source:
             row = ", ".join(f"{k} {v}" for k, v in self.row.items())
             return f"{self.file} at {row}, column {self.column}{scale}"
         return f"{self.file}: {' + '.join(self.keys)}{scale}"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A figure as the data file writes it (`book` as written: `load_book` reads its value)."""
+
+    id: str
+    chapter: int | str  # a chapter number, or an appendix letter
+    description: str
+    where: str
+    book: Any
+    tolerance: Tolerance
+    ours: Source | None = None
+    needs: str | None = None  # what the run must have used for the figure to count
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("id", "description", "where"):
+            require(bool(getattr(self, name).strip()), name, "expected a non-empty string")
+        require(self.needs is None or bool(self.needs.strip()), "needs", "expected a non-empty string")
+        if self.ours is None and self.needs is None:
+            raise ConfigError("missing key `ours` (where our value comes from) or `needs`")
+
+
+@dataclass(frozen=True)
+class _BookFile:
+    """The data file: chapter titles and the figures (each built on its own, so errors name its id)."""
+
+    chapters: dict[int | str, str]
+    figures: list[dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        require(
+            all(isinstance(c, int) or c.isalpha() for c in self.chapters),
+            "chapters",
+            "expected a mapping of chapter number (or appendix letter) to title",
+        )
 
 
 @dataclass(frozen=True)
@@ -148,79 +236,52 @@ class Book:
 
 
 def load_book(path: Path | str = BOOK_FILE) -> Book:
-    """The data file, checked: an unknown or missing key is an InputError naming the figure."""
+    """The data file, checked: an unknown, missing or malformed key is a ConfigError naming the figure."""
     path = Path(path)
     require_file(
         path, "a book figures file", f"book figures file {path} not found (the default is {BOOK_FILE})"
     )
     data = read_yaml(path)
-    if not isinstance(data, dict) or set(data) != {"chapters", "figures"}:
-        raise InputError(f"{path}: expected a mapping with exactly the keys `chapters` and `figures`")
-    chapters = data["chapters"]
-    if not isinstance(chapters, dict) or not all(
-        (isinstance(k, int) or (isinstance(k, str) and k.isalpha())) and isinstance(v, str)
-        for k, v in chapters.items()
-    ):
-        raise InputError(
-            f"{path}: chapters: expected a mapping of chapter number (or appendix letter) to title"
-        )
-    if not isinstance(data["figures"], list):
-        raise InputError(f"{path}: figures: expected a list")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping with the keys `chapters` and `figures`")
+    book = _built(_BookFile, data, str(path))
     figures: list[Figure] = []
     seen: set[str] = set()
-    for index, raw in enumerate(data["figures"], start=1):
-        name = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+    for index, raw in enumerate(book.figures, start=1):
+        name = raw.get("id") if isinstance(raw.get("id"), str) else None
         where = f"{path}: figure {name!r}" if name else f"{path}: figure #{index} (no id)"
-        figure = _figure(raw, chapters, where)
+        figure = _figure(_built(_Entry, raw, where), book.chapters, where)
         if figure.id in seen:
-            raise InputError(f"{where}: duplicate id")
+            raise ConfigError(f"{where}: duplicate id")
         seen.add(figure.id)
         figures.append(figure)
-    return Book(chapters=dict(chapters), figures=figures)
+    return Book(chapters=book.chapters, figures=figures)
 
 
-def _figure(raw: Any, chapters: Mapping[int | str, str], where: str) -> Figure:
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    _check_keys(raw, _FIGURE_KEYS, where)
-    for key in ("id", "description", "where"):
-        if not isinstance(raw[key], str) or not raw[key].strip():
-            raise InputError(f"{where}: {key}: expected a non-empty string")
-    if raw["chapter"] not in chapters:
-        raise InputError(f"{where}: chapter: {raw['chapter']!r} is not one of {_ordered(chapters)}")
-    book, book_text = _book_value(raw["book"], where)
-    tolerance = _tolerance(raw["tolerance"], where)
-    ours = _source(raw["ours"], f"{where}: ours") if "ours" in raw else None
-    needs = raw.get("needs")
-    if needs is not None and (not isinstance(needs, str) or not needs.strip()):
-        raise InputError(f"{where}: needs: expected a non-empty string")
-    if ours is None and needs is None:
-        raise InputError(f"{where}: missing key `ours` (where our value comes from) or `needs`")
-    unit = raw.get("unit", "")
-    if not isinstance(unit, str):
-        raise InputError(f"{where}: unit: expected a string")
+def _built(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """`cls` built from `data` by the schema, its errors prefixed by `where` (the file, the figure)."""
+    try:
+        return build(cls, data, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _figure(entry: _Entry, chapters: Mapping[int | str, str], where: str) -> Figure:
+    if entry.chapter not in chapters:
+        raise ConfigError(f"{where}: chapter: {entry.chapter!r} is not one of {_ordered(chapters)}")
+    book, book_text = _book_value(entry.book, where)
     return Figure(
-        id=raw["id"],
-        chapter=raw["chapter"],
-        description=raw["description"],
-        where=raw["where"],
+        id=entry.id,
+        chapter=entry.chapter,
+        description=entry.description,
+        where=entry.where,
         book=book,
         book_text=book_text,
-        tolerance=tolerance,
-        ours=ours,
-        needs=needs,
-        unit=unit,
+        tolerance=entry.tolerance,
+        ours=entry.ours,
+        needs=entry.needs,
+        unit=entry.unit,
     )
-
-
-def _check_keys(raw: Mapping[str, Any], known: Mapping[str, bool] | set[str], where: str) -> None:
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise InputError(f"{where}: unknown key {unknown[0]!r}; expected some of {sorted(known)}")
-    required = [key for key, needed in known.items() if needed] if isinstance(known, Mapping) else []
-    missing = [key for key in required if key not in raw]
-    if missing:
-        raise InputError(f"{where}: missing key {missing[0]!r}")
 
 
 _NUMBER = re.compile(r"-?\d{1,3}(,\d{3})+|-?\d+(\.\d+)?")
@@ -230,7 +291,7 @@ def _book_value(raw: Any, where: str) -> tuple[Value, str]:
     """The book's value and its printed form: "20,479" -> 20479, "45.00" -> 45.0 shown as 45.00,
     "[[0.4419, 1.0000], ...]" -> a nested list shown as written, any other string -> that text."""
     if isinstance(raw, bool):
-        raise InputError(f"{where}: book: expected a number, a text or a list, got {raw!r}")
+        raise ConfigError(f"{where}: book: expected a number, a text or a list, got {raw!r}")
     if isinstance(raw, int | float):
         return raw, f"{raw:,}" if isinstance(raw, int) else repr(raw)
     if isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()):
@@ -241,7 +302,7 @@ def _book_value(raw: Any, where: str) -> tuple[Value, str]:
         try:
             value = ast.literal_eval(raw.strip())
         except (ValueError, SyntaxError):
-            raise InputError(
+            raise ConfigError(
                 f"{where}: book: {raw!r} is not a printed list (Python literal syntax)"
             ) from None
         _check_list(value, where)
@@ -251,20 +312,20 @@ def _book_value(raw: Any, where: str) -> tuple[Value, str]:
     if isinstance(raw, list) and raw:
         _check_list(raw, where)
         return list(raw), _list_text(raw)
-    raise InputError(f"{where}: book: expected a number, a text or a non-empty list, got {raw!r}")
+    raise ConfigError(f"{where}: book: expected a number, a text or a non-empty list, got {raw!r}")
 
 
 def _check_list(value: Any, where: str) -> None:
     """Lists of numbers, texts and lists; `...` only as a list's last element."""
     if not isinstance(value, list) or not value:
-        raise InputError(f"{where}: book: expected a non-empty list, got {value!r}")
+        raise ConfigError(f"{where}: book: expected a non-empty list, got {value!r}")
     for index, item in enumerate(value):
         if item is Ellipsis and index == len(value) - 1 and index > 0:
             continue
         if isinstance(item, list):
             _check_list(item, where)
         elif isinstance(item, bool) or not isinstance(item, int | float | str):
-            raise InputError(
+            raise ConfigError(
                 f"{where}: book: {item!r} in a list: expected numbers, texts, lists or a final ..."
             )
 
@@ -273,64 +334,6 @@ def _list_text(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_list_text(item) for item in value) + "]"
     return "..." if value is Ellipsis else repr(value) if isinstance(value, str) else str(value)
-
-
-def _tolerance(raw: Any, where: str) -> Tolerance:
-    where = f"{where}: tolerance"
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: expected a mapping like {{abs: 0.001, reason: ...}}")
-    _check_keys(raw, _TOLERANCE_KEYS, where)
-    kinds = [kind for kind in ("abs", "rel") if kind in raw]
-    if len(kinds) != 1:
-        raise InputError(f"{where}: expected exactly one of `abs` and `rel`")
-    amount = raw[kinds[0]]
-    if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
-        raise InputError(f"{where}: {kinds[0]}: expected a number >= 0, got {amount!r}")
-    reason = raw.get("reason")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InputError(f"{where}: missing key 'reason' (why that much)")
-    return Tolerance(kinds[0], float(amount), reason.strip())
-
-
-def _source(raw: Any, where: str) -> Source:
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: expected a mapping ({{file: ..., key: ...}} or {{live: ...}})")
-    _check_keys(raw, _OURS_KEYS, where)
-    scale = raw.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
-        raise InputError(f"{where}: scale: expected a number")
-    if "live" in raw:
-        extra = sorted(set(raw) - {"live", "args", "scale"})
-        if extra:
-            raise InputError(f"{where}: {extra[0]!r} does not go with `live`")
-        function = LIVE.get(raw["live"])
-        if function is None:
-            raise InputError(f"{where}: live: unknown figure {raw['live']!r}; known: {sorted(LIVE)}")
-        args = raw.get("args") or {}
-        if not isinstance(args, dict):
-            raise InputError(f"{where}: args: expected a mapping")
-        try:
-            inspect.signature(function).bind(None, **args)
-        except TypeError as exc:
-            raise InputError(f"{where}: args: {exc}") from None
-        return Source(live=raw["live"], args=args, scale=float(scale))
-    file = raw.get("file")
-    if not isinstance(file, str) or not file.endswith((".json", ".csv")):
-        raise InputError(f"{where}: file: expected a .json or .csv path under the reports folder")
-    if file.endswith(".json"):
-        keys = raw.get("key")
-        keys = [keys] if isinstance(keys, str) else keys
-        if not keys or not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
-            raise InputError(f"{where}: key: expected a dotted key (or a list of keys, summed)")
-        if "row" in raw or "column" in raw:
-            raise InputError(f"{where}: `row` and `column` are for .csv files; a .json file takes `key`")
-        return Source(file=file, keys=tuple(keys), scale=float(scale))
-    row, column = raw.get("row"), raw.get("column")
-    if not isinstance(row, dict) or not row or not isinstance(column, str):
-        raise InputError(f"{where}: a .csv file takes `row` ({{column: value}}) and `column`")
-    if "key" in raw:
-        raise InputError(f"{where}: `key` is for .json files; a .csv file takes `row` and `column`")
-    return Source(file=file, row=row, column=column, scale=float(scale))
 
 
 # --------------------------------------------------------------------------- the run

@@ -80,7 +80,7 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
     model, metadata = load_for_inference(model_dir, args)
-    if model.cfg.num_classes is not None:
+    if not model.cfg.is_language_model:
         raise InputError(
             f"{args.model or model_dir} is a classifier, not a language model: point --model at models/instruct"
         )

@@ -75,7 +75,7 @@ def _classify(args: argparse.Namespace, source: ModelSource) -> int:
     model, metadata = load_for_inference(model_dir, args)
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
     shown = args.model or model_dir
-    if model.cfg.num_classes is None or missing:
+    if model.cfg.is_language_model or missing:
         raise InputError(
             f"{shown} is not a spam-finetune classifier (no class head, or its metadata lacks "
             f"{missing}): run `dvc repro spam-finetune`, or point --model at its output"

@@ -79,6 +79,11 @@ class ModelConfig:
                 f"makes {self.parameter_count():,} parameters, over the cap of {MAX_PARAMETERS:,}"
             )
 
+    @property
+    def is_language_model(self) -> bool:
+        """Whether the head predicts the next token (no `num_classes`: not a chapter 6 classifier)."""
+        return self.num_classes is None
+
     def parameter_count(self) -> int:
         """The model's parameters, from its dims alone (nothing allocated): embeddings, blocks, head."""
         dim, blocks = self.emb_dim, self.n_layers

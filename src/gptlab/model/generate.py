@@ -180,7 +180,7 @@ def _check_arguments(
     top_k: int | None,
     top_p: float | None,
 ) -> None:
-    if model.cfg.num_classes is not None:
+    if not model.cfg.is_language_model:
         raise InputError("generate needs a language-model head; this model has a classification head")
     if idx.ndim != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
         raise InputError(

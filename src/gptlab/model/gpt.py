@@ -245,7 +245,7 @@ class GPTModel(nn.Module):
         self.drop_emb = nn.Dropout(cfg.drop_rate)
         self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.final_norm = LayerNorm(cfg.emb_dim)
-        if cfg.num_classes is None:
+        if cfg.is_language_model:
             self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
         else:  # chapter 6's classification head
             self.out_head = nn.Linear(cfg.emb_dim, cfg.num_classes)

@@ -118,7 +118,7 @@ def expected_hf_shapes(cfg: ModelConfig, *, untied_head: bool = False) -> dict[s
 
 def check_language_model(cfg: ModelConfig) -> None:
     """Refuse classifiers: GPT-2's layout has a language-model head only."""
-    if cfg.num_classes is not None:
+    if not cfg.is_language_model:
         raise InputError(
             f"a classifier (num_classes={cfg.num_classes}) has no GPT-2 language-model head; "
             "only language models convert to and from Hugging Face's GPT-2"

@@ -17,7 +17,7 @@ from gptlab.data.config import DataConfig, HFWeights, TokenizeConfig
 from gptlab.files import require_file
 from gptlab.model.config import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelSpec, SampleConfig
 from gptlab.schema import MAX_BATCH_SIZE, ConfigError, build, read_yaml, require, require_count
-from gptlab.tasks.config import InstructConfig, SpamConfig
+from gptlab.tasks.config import InstructConfig, SpamConfig, check_trainable_blocks
 from gptlab.tracking.config import TrackingConfig
 from gptlab.training.config import CheckpointConfig, TrainConfig
 
@@ -91,12 +91,7 @@ class Params:
         # with gpt2.source pretrain, for this pipeline's own model.
         layers, context = self._base_model_size(self.spam.base_model)
         name = f"spam.base_model {self.spam.base_model}"
-        if layers is not None:
-            require(
-                self.spam.trainable_blocks <= layers,
-                "spam.trainable_blocks",
-                f"expected 1 to {layers} (the blocks of {name}), got {self.spam.trainable_blocks}",
-            )
+        check_trainable_blocks(self.spam.trainable_blocks, layers, name)
         if isinstance(self.spam.max_length, int):
             require(
                 self.spam.max_length <= context,

@@ -23,7 +23,8 @@ from gptlab.model.checkpoint import save_model
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
-from gptlab.tasks.config import LoraConfig
+from gptlab.tasks.config import LoraConfig, Trainable
+from gptlab.tasks.fine_tune import adds_lora
 from gptlab.tracking.registry import log_model
 from gptlab.tracking.runs import StageRun, section, stage_run
 from gptlab.training.config import TrainConfig
@@ -97,11 +98,13 @@ class TrainingRun:
             **kw,
         )
 
-    def report_trainable(self, model: nn.Module, base_model: str, trainable: str, lora: LoraConfig) -> int:
+    def report_trainable(
+        self, model: nn.Module, base_model: str, trainable: Trainable, lora: LoraConfig
+    ) -> int:
         """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone)."""
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.tracker.set_tags({"gptlab.base_model": base_model, "gptlab.trainable_params": count})
-        adapters = f" (LoRA rank {lora.rank}, alpha {lora.alpha:g})" if trainable == "lora" else ""
+        adapters = f" (LoRA rank {lora.rank}, alpha {lora.alpha:g})" if adds_lora(trainable) else ""
         print(
             f"{base_model}: {count:,} of {sum(p.numel() for p in model.parameters()):,} params train{adapters}"
         )
@@ -167,9 +170,11 @@ class TrainingRun:
             )
 
 
-def trainable_metadata(trainable: str, count: int, lora: LoraConfig) -> dict[str, Any]:
+def trainable_metadata(trainable: Trainable, count: int, lora: LoraConfig) -> dict[str, Any]:
     """What a fine-tuned checkpoint records of its training: LoRA's adapters are merged into it."""
-    merged = {"lora": {"rank": lora.rank, "alpha": lora.alpha, "merged": True}} if trainable == "lora" else {}
+    merged = (
+        {"lora": {"rank": lora.rank, "alpha": lora.alpha, "merged": True}} if adds_lora(trainable) else {}
+    )
     return {"trainable": trainable, "trainable_params": count, **merged}
 
 

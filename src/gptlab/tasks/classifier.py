@@ -1,12 +1,12 @@
 """GPT-2 as a text classifier (chapter 6): head surgery, pooling, loss, accuracy and metrics.
 
 The language-model head is swapped for a small `Linear(emb_dim, num_classes)`
-and only the parts chosen to train keep gradients (with `lora`, none: the stage
-then adds LoRA adapters, see gptlab.lora). A sequence's class logits come from
-its last token's output, as in the book (under causal attention only the last
-position has seen the whole text), from its first token's, from the mean over
-its non-padding positions, or from the mean over every position, padding
-included (the "pooled embeddings" of chapter 6's bonus experiments).
+and only the parts `spam.trainable` names keep gradients (gptlab.tasks.fine_tune).
+A sequence's class logits come from its last token's output, as in the book
+(under causal attention only the last position has seen the whole text), from
+its first token's, from the mean over its non-padding positions, or from the
+mean over every position, padding included (the "pooled embeddings" of chapter
+6's bonus experiments).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gptlab.data.spam import LABELS, encode_texts, pad_ids
-from gptlab.errors import InputError
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.tasks.config import Pooling, Trainable
+from gptlab.tasks.fine_tune import select_trainable
 from gptlab.training.runtime import Precision, autocast
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -43,33 +43,17 @@ def make_classifier(
 ) -> GPTModel:
     """Replace the LM head by a fresh classification head and choose what trains (in place).
 
-    Everything is frozen first; the head is created right after seeding so its
-    initial weights are reproducible (the book seeds 123). `trainable` then
-    unfreezes the head only, the last `trainable_blocks` blocks + final norm +
-    head, or the whole model; `lora` leaves everything frozen, the head too, for
-    `gptlab.lora.add_lora` to add the adapters that train. The config records
+    The head is created right after seeding so its initial weights are reproducible
+    (the book seeds 123); `select_trainable` then lets what `trainable` names train
+    (with `lora`, nothing yet: the stage adds the adapters). The config records
     `num_classes`, so a saved classifier is rebuilt with its head by
-    `checkpoint.load_model`. The params schema checks `trainable`'s word;
-    only `trainable_blocks` is checked here, against this model's blocks.
+    `checkpoint.load_model`.
     """
-    n_layers = len(model.trf_blocks)
-    if trainable == "last_blocks" and not 1 <= trainable_blocks <= n_layers:
-        raise InputError(
-            f"spam.trainable_blocks: expected 1 to {n_layers} (the base model's blocks), got {trainable_blocks}"
-        )
     weight = model.final_norm.scale
-    model.requires_grad_(False)
     torch.manual_seed(seed)
     model.out_head = nn.Linear(model.cfg.emb_dim, num_classes).to(device=weight.device, dtype=weight.dtype)
     model.cfg = dataclasses.replace(model.cfg, num_classes=num_classes)
-    if trainable == "all":
-        model.requires_grad_(True)
-    elif trainable == "last_blocks":
-        for block in model.trf_blocks[n_layers - trainable_blocks :]:
-            block.requires_grad_(True)
-        model.final_norm.requires_grad_(True)
-    elif trainable == "lora":
-        model.out_head.requires_grad_(False)
+    select_trainable(model, trainable, trainable_blocks)
     return model
 
 

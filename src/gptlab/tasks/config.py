@@ -18,10 +18,23 @@ from gptlab.schema import (
 from gptlab.training.config import TrainConfig
 
 # The allowed values of spam.trainable and spam.pooling, named once: gptlab.classifier takes these words.
+# What each mode trains is said once, by gptlab.tasks.fine_tune.select_trainable.
 Trainable = Literal["head", "last_blocks", "all", "lora"]
 
 
 Pooling = Literal["last", "first", "mean", "mean_all"]
+
+
+def check_trainable_blocks(blocks: int, layers: int | None, base_model: str) -> None:
+    """spam.trainable_blocks counts blocks of the base model: 1 to its `layers` (when known).
+
+    Checked when params load, against the blocks they let us know, and again against the
+    model the stage actually loads.
+    """
+    key = "spam.trainable_blocks"
+    require(blocks > 0, key, f"expected a positive integer, got {blocks}")
+    if layers is not None:
+        require(blocks <= layers, key, f"expected 1 to {layers} (the blocks of {base_model}), got {blocks}")
 
 
 @dataclass(frozen=True)
@@ -43,8 +56,8 @@ class SpamConfig:
     # pretrained: the load-gpt2 checkpoint; random: its architecture freshly drawn after seeding
     # train.seed (chapter 6's bonus table, "random weights").
     base_weights: Literal["pretrained", "random"]
-    # What trains: the new head only, the last `trainable_blocks` blocks + final norm + head, all,
-    # or LoRA adapters on every linear layer (head included) with everything else frozen (appendix E).
+    # What trains (gptlab.tasks.fine_tune.select_trainable); trainable_blocks: how many for last_blocks,
+    # checked against the base model's blocks by check_trainable_blocks.
     trainable: Trainable
     trainable_blocks: int
     lora: LoraConfig
@@ -61,11 +74,6 @@ class SpamConfig:
     train: TrainConfig
 
     def __post_init__(self) -> None:
-        require(
-            self.trainable_blocks > 0,
-            "trainable_blocks",
-            f"expected a positive integer, got {self.trainable_blocks}",
-        )
         require(
             not isinstance(self.max_length, int) or self.max_length > 0,
             "max_length",
@@ -115,7 +123,7 @@ class AnswerGeneration:
 @dataclass(frozen=True)
 class InstructConfig:
     base_model: str
-    # all: every weight trains (chapter 7); lora: LoRA adapters on every linear layer, the rest frozen.
+    # all (chapter 7) or lora, as spam.trainable's (gptlab.tasks.fine_tune.select_trainable).
     trainable: Literal["all", "lora"] = renamed({"full": ("all", "train every weight")})
     lora: LoraConfig
     drop_rate: float
