@@ -1,7 +1,8 @@
 """Typed, frozen config objects built from plain YAML data, with errors that name the key.
 
 Generic: any frozen dataclass whose fields are ints, floats, strings, bools,
-Literals, optionals, lists, dicts or other such dataclasses. Unknown keys,
+Literals, optionals, lists, dicts or other such dataclasses, or `Any` for a
+value checked elsewhere (a sweep's overrides, checked as params). Unknown keys,
 missing keys and wrong types are refused with the full key path and what was
 expected, so a typo never silently falls back to a default.
 """
@@ -93,6 +94,8 @@ def build(cls: type[T], data: Any, path: str) -> T:
 
 
 def _convert(value: Any, annotation: Any, key: str) -> Any:
+    if annotation is Any:
+        return value
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
