@@ -15,15 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
+from gptlab.cli.model_source import ModelSource, find_model
 from gptlab.errors import InputError
+from gptlab.paths import SPAM_MODEL
+from gptlab.pipeline.params import load_params
 
-if TYPE_CHECKING:
-    from gptlab.cli.model_source import ModelSource
-
-# The heavy imports (torch, the model) happen in run(), so `gptlab --help` stays fast.
+# The heavy imports (torch, the model) happen once the command runs, so `gptlab --help` stays fast.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,9 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.cli.model_source import find_model
-    from gptlab.paths import SPAM_MODEL
-
     with find_model(
         args.model, SPAM_MODEL, command="classify", kind="trained classifier", stage="spam-finetune"
     ) as source:
@@ -64,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _classify(args: argparse.Namespace, source: ModelSource) -> int:
+    # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
-    from gptlab.pipeline.params import load_params
     from gptlab.tasks.classifier import classify_texts
 
     model_dir = source.checkpoint

@@ -8,7 +8,20 @@ the params that differ between the rows and the metrics the metrics baseline gua
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 from pathlib import Path
+
+from gptlab.errors import InputError
+from gptlab.experiments.compare import (
+    baseline_files,
+    compare,
+    exp_show,
+    headline_metrics,
+    markdown_table,
+    text_table,
+)
+from gptlab.experiments.profiles import dvc_executable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,20 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import shutil
-
-    from gptlab.errors import InputError
-    from gptlab.experiments.compare import (
-        baseline_files,
-        compare,
-        exp_show,
-        headline_metrics,
-        markdown_table,
-        text_table,
-    )
-    from gptlab.experiments.profiles import dvc_executable
-
     if args.precision < 1:
         raise InputError(f"--precision: expected 1 or more, got {args.precision}")
     shown = exp_show(args.workdir, dvc_executable())

@@ -25,6 +25,7 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_for_inference(checkpoint: Path, args: argparse.Namespace) -> tuple[GPTModel, dict[str, Any]]:
     """The checkpoint's model on --device with --precision weights (eval mode), and its metadata."""
+    # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.checkpoint import load_model
     from gptlab.training.runtime import inference_dtype, resolve_device
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gptlab.pipeline.params import load_params
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, metavar="DIR", help="the folder to write (created if missing)")
@@ -27,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # urllib, ssl and tqdm once the command runs: keeps `gptlab --help` fast
     from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
     from gptlab.data.inputs import data_inputs, fetch_input, weights_inputs
-    from gptlab.pipeline.params import load_params
 
     params = load_params(args.params)
     pins = data_inputs(params.data.sources)

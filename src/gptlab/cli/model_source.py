@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.errors import InputError
+from gptlab.experiments.smoke import smoke_model_hint
+from gptlab.pipeline.params import load_params
 
 MODEL_URI_PREFIXES = ("models:/", "runs:/")
 
@@ -38,7 +40,8 @@ def model_source(value: str | None, default: Path) -> Iterator[ModelSource]:
     elif not value.startswith(MODEL_URI_PREFIXES):
         yield ModelSource(Path(value))
     else:
-        from gptlab.tracking.registry import downloaded_model  # imports mlflow: only for a model URI
+        # the MLflow side: only for a model URI, keeps `gptlab --help` fast
+        from gptlab.tracking.registry import downloaded_model
 
         with downloaded_model(value) as (artifacts, defaults):
             bpe_files = (artifacts["vocab_bpe"], artifacts["encoder_json"])
@@ -54,7 +57,6 @@ def find_model(
     Where there is no checkpoint, an InputError names the `stage` that writes one and, when
     `--model` was left out, the command line that uses the last `gptlab smoke` run's model.
     """
-    from gptlab.experiments.smoke import smoke_model_hint
     from gptlab.model.checkpoint import CONFIG_FILE  # imports torch: only once the command runs
 
     with model_source(value, default) as source:
@@ -72,8 +74,6 @@ def find_model(
 
 def _raw_dir_default() -> Path:
     """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
-    from gptlab.pipeline.params import load_params
-
     try:
         return Path(load_params().data.raw_dir)
     except Exception:  # noqa: BLE001 - only a hint: the default layout will do

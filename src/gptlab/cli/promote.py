@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the MLflow side on first use: keeps `gptlab --help` fast
     from gptlab.tracking.registry import promote
 
     if not args.version.isdigit() or int(args.version) < 1:

@@ -13,6 +13,8 @@ from gptlab.book.reproduction import (  # light: torch only when needed
     write_report,
 )
 from gptlab.paths import REPORTS
+from gptlab.pipeline.params import load_params
+from gptlab.schema import read_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _experiment_of(reports: Path) -> str:
     """The experiment of the run reported on: as the params.yaml beside its reports names it (a
     smoke workspace's holds the profile's), else the project's."""
-    from gptlab.pipeline.params import load_params
-    from gptlab.schema import read_yaml
-
     beside = reports.resolve().parent / "params.yaml"
     if beside.is_file():
         named = (read_yaml(beside) or {}).get("tracking", {}).get("experiment")
@@ -58,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     out, outcomes = write_report(args.out, book_path=args.book, reports_dir=args.reports)
     counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
     if not args.no_mlflow:
+        # the MLflow side on first use: keeps `gptlab --help` fast
         from gptlab.tracking.runs import stage_run
 
         with stage_run("report", _experiment_of(args.reports), {"reports": str(args.reports)}) as tracker:

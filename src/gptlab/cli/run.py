@@ -14,6 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from gptlab.errors import GptlabError
+from gptlab.experiments.profiles import experiment_env, load_overrides, profile_path, set_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -28,9 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.errors import GptlabError
-    from gptlab.experiments.profiles import experiment_env, load_overrides, profile_path, set_arguments
-
     project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
         raise GptlabError("dvc.yaml not found: run `gptlab run` from the project root")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gptlab.pipeline.params import load_params
+
 # mlflow is imported in run(), so `gptlab --help` stays fast.
 
 
@@ -33,7 +35,7 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.pipeline.params import load_params
+    # the MLflow side on first use: keeps `gptlab --help` fast
     from gptlab.tracking.runs import check_reachable, imported_mlflow, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment

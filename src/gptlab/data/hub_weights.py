@@ -61,6 +61,7 @@ def hub_file(pin: HFWeights, key: str, elsewhere: str) -> Path:
 
     Every failure is one line: what went wrong, then the network, HF_ENDPOINT and `elsewhere`.
     """
+    # the hub client on first use: `gpt2.source: pretrain` never loads it
     from huggingface_hub import constants, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import LocalEntryNotFoundError
 

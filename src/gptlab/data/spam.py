@@ -45,6 +45,7 @@ class SpamSplits:
 
 def read_collection(path: Path | str) -> pd.DataFrame:
     """The raw collection as the book reads it: columns Label ("ham"/"spam") and Text."""
+    # pandas on first use: keeps a stage's start-up fast
     import pandas as pd
 
     path = Path(path)
@@ -68,6 +69,7 @@ def balance_and_split(
     `max_rows` keeps only the first rows of each split, for smoke runs. The fractions and
     `max_rows` come checked by the params schema (`config.SpamSplit`).
     """
+    # pandas on first use: keeps a stage's start-up fast
     import pandas as pd
 
     spam = df[df["Label"] == "spam"]
@@ -115,6 +117,7 @@ def save_split(processed_dir: Path | str, split: str, frame: pd.DataFrame, ids: 
 
 
 def read_split_csv(path: Path) -> pd.DataFrame:
+    # pandas on first use: keeps a stage's start-up fast
     import pandas as pd
 
     # keep_default_na=False: a message reading "NA" or "null" stays text, not a missing value.

@@ -194,6 +194,7 @@ def compare(shown: Sequence[dict[str, Any]], metrics: list[HeadlineMetric]) -> C
 def text_table(comparison: Comparison, precision: int, width: int) -> str:
     """Aligned for a terminal `width` characters wide: one line per row when that fits, else
     one line per column (experiments side by side), wrapped into blocks as pandas does."""
+    # pandas on first use: keeps `gptlab --help` fast
     import pandas as pd
 
     frame = pd.DataFrame(comparison.cells(precision), columns=comparison.columns)

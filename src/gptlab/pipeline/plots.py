@@ -26,6 +26,7 @@ def plot_losses(
     `history` rows carry step (0-based optimizer step), `seen_key`, train_loss
     and val_loss, as gptlab.train.fit records them.
     """
+    # matplotlib at a stage's end, not its start-up
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -53,6 +54,7 @@ def plot_losses(
 
 def plot_confusion_matrix(matrix: list[list[int]], labels: Sequence[str], title: str) -> Figure:
     """A confusion matrix with counts in each cell: rows are actual, columns predicted."""
+    # matplotlib and scikit-learn at a stage's end, not its start-up
     from matplotlib.figure import Figure
     from sklearn.metrics import ConfusionMatrixDisplay
 

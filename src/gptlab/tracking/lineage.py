@@ -105,6 +105,7 @@ def dataset_input(
     The digest is what DVC writes to dvc.lock for the path (see `dvc_md5`), computed here
     because dvc.lock's entry for a stage's dependency is only updated after the stage has run.
     """
+    # mlflow on first use: see tracking.runs.imported_mlflow
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path)

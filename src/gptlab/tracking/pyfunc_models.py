@@ -40,10 +40,20 @@ from typing import Any, get_args
 
 import mlflow.pyfunc
 import pandas as pd
+import torch
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+import gptlab
+from gptlab.model.checkpoint import load_model
+from gptlab.model.config import SampleConfig
+from gptlab.model.generate import generate_text
+from gptlab.model.tokenizer import gpt2_tokenizer
+from gptlab.tasks.classifier import classify_texts
+from gptlab.tasks.responses import fit_to_context, generate_response
+from gptlab.training.runtime import Precision, inference_dtype, resolve_device
 
 # Artifact names inside a logged model (MLmodel's python_function.artifacts).
 CHECKPOINT = "checkpoint"
@@ -70,12 +80,6 @@ class _Checkpoint(mlflow.pyfunc.PythonModel):
     """Loads the checkpoint and the tokenizer from the model's artifacts."""
 
     def load_context(self, context: Any) -> None:
-        import torch
-
-        from gptlab.model.checkpoint import load_model
-        from gptlab.model.tokenizer import gpt2_tokenizer
-        from gptlab.training.runtime import Precision, inference_dtype, resolve_device
-
         device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         precision = os.environ.get(PRECISION_ENV, "fp32")
         if precision not in get_args(Precision):
@@ -94,8 +98,6 @@ class SpamClassifier(_Checkpoint):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        from gptlab.tasks.classifier import classify_texts
-
         texts = _strings(model_input, "text")
         empty = [i for i, text in enumerate(texts) if not text.strip()]
         if empty:
@@ -121,8 +123,6 @@ class InstructionModel(_Checkpoint):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        from gptlab.tasks.responses import fit_to_context, generate_response
-
         instructions = _strings(model_input, "instruction")
         inputs = _strings(model_input, "input") if "input" in model_input else [""] * len(instructions)
         max_new_tokens = int((params or {}).get("max_new_tokens", self.metadata.get("max_new_tokens", 256)))
@@ -148,9 +148,6 @@ class TextGenerator(_Checkpoint):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        from gptlab.model.config import SampleConfig
-        from gptlab.model.generate import generate_text
-
         params = params or {}
         texts = []
         for prompt in _strings(model_input, "prompt"):
@@ -261,8 +258,6 @@ def model_spec(
         example = (pd.DataFrame({"prompt": ["Every effort moves you"]}), {"max_new_tokens": 8})
     else:
         raise ValueError(f"unknown model kind {kind!r}: expected one of {KINDS}")
-    import gptlab
-
     return ModelSpec(
         python_model=str(Path(__file__).with_name("pyfunc_model_code.py")),
         model_config={KIND_KEY: kind},

@@ -56,6 +56,7 @@ def log_model(
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
     mlflow = imported_mlflow()
+    # mlflow on first use: see tracking.runs.imported_mlflow
     from mlflow.models import Model
 
     vocab_bpe, encoder_json = bpe_files
@@ -108,6 +109,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
     params in its signature (max_new_tokens, ...).
     """
     mlflow = imported_mlflow()
+    # mlflow on first use: see tracking.runs.imported_mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
@@ -139,6 +141,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:
     """Point `alias` of registered model `name` at `version`; returns the models:/NAME@ALIAS URI."""
     mlflow = imported_mlflow()
+    # mlflow on first use: see tracking.runs.imported_mlflow
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()

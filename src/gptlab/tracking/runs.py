@@ -76,7 +76,7 @@ def imported_mlflow() -> ModuleType:
     only, unless `gptlab -v` or GPTLAB_VERBOSE=1 asks for them. MLflow sets its logger's level
     as it is imported, so the level is set after.
     """
-    import mlflow
+    import mlflow  # on first use: the docstring says why
 
     if not os.environ.get(VERBOSE_ENV):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -216,6 +216,7 @@ class StageRun:
 
     @_live
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        # mlflow on first use: see imported_mlflow
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -226,6 +227,7 @@ class StageRun:
     @_live
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
         """Log curves (train_loss, val_loss, lr ... per step) under curves/, in as few calls as possible."""
+        # mlflow on first use: see imported_mlflow
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -240,6 +242,7 @@ class StageRun:
 
     @_live
     def log_params(self, params: Mapping[str, Any]) -> None:
+        # mlflow on first use: see imported_mlflow
         from mlflow.entities import Param
 
         entries = [Param(k, _param_value(v)) for k, v in params.items()]
@@ -248,6 +251,7 @@ class StageRun:
 
     @_live
     def set_tags(self, tags: Mapping[str, Any]) -> None:
+        # mlflow on first use: see imported_mlflow
         from mlflow.entities import RunTag
 
         entries = [RunTag(k, str(v)) for k, v in tags.items()]
@@ -463,6 +467,7 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
     """
     existing = client.get_experiment_by_name(name)
     if existing is None:
+        # mlflow on first use: see imported_mlflow
         from mlflow.exceptions import MlflowException
 
         try:

@@ -32,6 +32,7 @@ def world() -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World()
+    # torch on first use: the download stage never loads it
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -46,6 +47,7 @@ def is_main() -> bool:
 
 def setup() -> World:
     """Join the process group once (gloo for CPU tensors, nccl for CUDA ones); returns the world."""
+    # torch on first use: the download stage never loads it
     import torch
     import torch.distributed as dist
 
@@ -61,6 +63,7 @@ def setup() -> World:
 
 def local_device(device: torch.device) -> torch.device:
     """`device`, with CUDA pinned to this process's own GPU (cuda:LOCAL_RANK) under torchrun."""
+    # torch on first use: the download stage never loads it
     import torch
 
     w = world()
@@ -71,6 +74,7 @@ def all_mean(value: float) -> float:
     """The mean of `value` over all processes (itself when there is one)."""
     if setup().size == 1:
         return value
+    # torch on first use: the download stage never loads it
     import torch
     import torch.distributed as dist
 
@@ -83,6 +87,7 @@ def all_sum(value: int) -> int:
     """The sum of an integer over all processes (itself when there is one)."""
     if setup().size == 1:
         return value
+    # torch on first use: the download stage never loads it
     import torch
     import torch.distributed as dist
 
@@ -94,6 +99,7 @@ def all_sum(value: int) -> int:
 def barrier() -> None:
     """Wait until every process gets here (nothing to wait for with one process)."""
     if setup().size > 1:
+        # torch on first use: the download stage never loads it
         import torch
         import torch.distributed as dist
 
@@ -104,6 +110,7 @@ def broadcast(value: Any) -> Any:
     """Rank 0's `value` (any picklable object), on every process."""
     if setup().size == 1:
         return value
+    # torch on first use: the download stage never loads it
     import torch.distributed as dist
 
     box = [value]
@@ -115,6 +122,7 @@ def gather(value: Any) -> list[Any]:
     """Every process's `value` (any picklable object), in rank order, on every process."""
     if setup().size == 1:
         return [value]
+    # torch on first use: the download stage never loads it
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()

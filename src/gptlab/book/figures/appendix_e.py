@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gptlab.book.figures.inputs import FigureInputs
+from gptlab.model.config import ModelConfig
 
 __all__ = ["trainable_count"]
 
@@ -18,10 +19,10 @@ def trainable_count(
 ) -> int:
     """Trainable parameters as appendix E counts them: the model (with a fresh `num_classes` head) as
     built, every parameter trainable; or, with `lora_rank`, frozen with LoRA on every linear layer."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
     from torch import nn
 
-    from gptlab.model.config import ModelConfig
     from gptlab.model.fast_kernels import build_gpt
     from gptlab.model.lora import add_lora
 

@@ -31,6 +31,7 @@ def verdict_opening(run: FigureInputs | None, chars: int) -> str:
 
 def regex_split(run: FigureInputs | None, text: str, pattern: str, strip: bool) -> list[str]:
     """re.split keeping the separators; `strip` drops blank pieces (section 2.2's three steps)."""
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import split_words
 
     return split_words(text, pattern, strip=strip)
@@ -38,12 +39,14 @@ def regex_split(run: FigureInputs | None, text: str, pattern: str, strip: bool) 
 
 def verdict_words(run: FigureInputs | None) -> int:
     """Words and punctuation marks of The Verdict under listing 2.4's pattern."""
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import split_words
 
     return len(split_words(verdict_text(run)))
 
 
 def _vocab(run: FigureInputs | None, specials: bool) -> dict[str, int]:
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import END_OF_TEXT, UNKNOWN, build_vocab, split_words
 
     return build_vocab(split_words(verdict_text(run)), (END_OF_TEXT, UNKNOWN) if specials else ())
@@ -61,6 +64,7 @@ def vocabulary_ids(run: FigureInputs | None, words: list[str], specials: bool) -
 
 
 def _simple_tokenizer(run: FigureInputs | None, version: int):  # noqa: ANN202 - one of two demo classes
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import SimpleTokenizerV1, SimpleTokenizerV2
 
     if version == 1:
@@ -117,6 +121,7 @@ def loader_batches(
     run: FigureInputs | None, batch_size: int, max_length: int, stride: int, batches: int
 ) -> list[list[list[list[int]]]]:
     """The first [inputs, targets] batches of the pipeline's GPTDatasetV1 over The Verdict, in order."""
+    # torch on first use: keeps `gptlab --help` fast
     from gptlab.data.verdict import GPTDatasetV1
     from gptlab.training.runtime import ordered_loader
 
@@ -129,6 +134,7 @@ def seeded_embedding(
     run: FigureInputs | None, num_embeddings: int, dim: int, seed: int, ids: list[int] | None = None
 ) -> list[list[float]]:
     """torch.nn.Embedding after `seed`: its weight (section 2.7), or the rows it returns for `ids`."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     torch.manual_seed(seed)

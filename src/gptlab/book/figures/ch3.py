@@ -24,6 +24,7 @@ def _rows(tensor: Any) -> Any:
 
 def journey_scores(run: FigureInputs | None, query: int | None = None) -> list[Any]:
     """Dot products of the inputs with input `query` (section 3.3.1), or all of them (3.3.2)."""
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import journey_inputs
 
     inputs = journey_inputs()
@@ -33,6 +34,7 @@ def journey_scores(run: FigureInputs | None, query: int | None = None) -> list[A
 
 def journey_weights(run: FigureInputs | None, normalise: str, query: int | None = None) -> list[Any]:
     """The scores turned into weights by `sum` (dividing by the total), `naive` or `torch` softmax."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import journey_inputs, softmax_naive
@@ -50,6 +52,7 @@ def journey_weights(run: FigureInputs | None, normalise: str, query: int | None 
 
 def journey_context(run: FigureInputs | None, query: int | None = None) -> list[Any]:
     """Context vectors: the softmax weights times the inputs (3.3.1 for one query, 3.3.2 for all)."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import journey_inputs
@@ -62,6 +65,7 @@ def journey_context(run: FigureInputs | None, query: int | None = None) -> list[
 def trainable_attention(run: FigureInputs | None, seed: int, query: int, step: str) -> Any:
     """Section 3.4.1 for query `query` under SelfAttention_v1's seeded matrices: `query` vector,
     `keys_shape`, `score` with itself, `scores`, `weights` or `context`."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import SelfAttentionV1, journey_inputs
@@ -87,6 +91,7 @@ def trainable_attention(run: FigureInputs | None, seed: int, query: int, step: s
 
 def self_attention_output(run: FigureInputs | None, version: int, seed: int) -> list[Any]:
     """SelfAttention_v1 (listing 3.1) or _v2 (listing 3.2) over the six inputs, built after `seed`."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import SelfAttentionV1, SelfAttentionV2, journey_inputs
@@ -98,6 +103,7 @@ def self_attention_output(run: FigureInputs | None, version: int, seed: int) -> 
 
 def causal_weights(run: FigureInputs | None, seed: int) -> list[Any]:
     """Section 3.5.1: SelfAttention_v2's weights (seed 789) with the future masked by -inf."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import SelfAttentionV2, journey_inputs
@@ -108,6 +114,7 @@ def causal_weights(run: FigureInputs | None, seed: int) -> list[Any]:
 
 def causal_mask_rows(run: FigureInputs | None, num_tokens: int) -> list[list[int]]:
     """Which keys each token may attend to: 1 on and below the diagonal."""
+    # book.demos (torch) on first use: keeps `gptlab --help` fast
     from gptlab.book.demos import causal_mask
 
     return (causal_mask(num_tokens) == 0).int().tolist()
@@ -119,6 +126,7 @@ def attention_output(
     """The batch of the six inputs twice through `causal` attention (listing 3.3), the `wrapper` of heads
     (3.4) or the pipeline's `multihead` attention (3.5, gpt.py), built after `seed`: the output's
     shape, or the output for one `sequence` of the batch."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import CausalAttention, MultiHeadAttentionWrapper, journey_inputs

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.book.figures.inputs import FigureInputs, raw_dir, tokenizer, tokenizer_of
+from gptlab.errors import InputError
+from gptlab.model.config import MODEL_PRESETS, ModelConfig
 
 __all__ = [
     "parameter_count",
@@ -32,9 +34,9 @@ SAMPLE_TEXTS = ("Every effort moves you", "Every day holds a")
 
 def _model(preset: str, context_length: int, qkv_bias: bool, *, seed: int | None = None) -> Any:
     """Our GPTModel: on the meta device (shapes, no memory) without a seed, else built after `seed`."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
-    from gptlab.model.config import ModelConfig
     from gptlab.model.fast_kernels import build_gpt
 
     cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
@@ -47,6 +49,7 @@ def _model(preset: str, context_length: int, qkv_bias: bool, *, seed: int | None
 @functools.cache
 def seeded_model(cfg: Any, seed: int) -> Any:
     """The book's order: seed, then build (so the weights are the book's); in eval mode, built once."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.fast_kernels import build_gpt
@@ -59,8 +62,6 @@ def parameter_count(
     run: FigureInputs | None, preset: str, context_length: int, qkv_bias: bool, head: str
 ) -> int:
     """Parameters of our GPTModel; head: untied (own out_head), tied (out_head = tok_emb), none."""
-    from gptlab.errors import InputError
-
     if head not in ("untied", "tied", "none"):
         raise InputError(f"head: expected untied, tied or none, got {head!r}")
     model = _model(preset, context_length, qkv_bias)
@@ -119,17 +120,15 @@ def qkv_bias_parameters(run: FigureInputs | None, preset: str) -> int:
 
 
 def head_dims(run: FigureInputs | None, presets: list[str]) -> list[int]:
-    from gptlab.model.config import MODEL_PRESETS
-
     return [MODEL_PRESETS[p]["emb_dim"] // MODEL_PRESETS[p]["n_heads"] for p in presets]
 
 
 def logits_shape(run: FigureInputs | None, model: str, seed: int) -> list[int]:
     """Listing 4.1's batch through the `dummy` model or our GPTModel (`gpt`), built after `seed`."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import DummyGPTModel
-    from gptlab.model.config import ModelConfig
 
     batch = torch.tensor([tokenizer(run).encode(text) for text in SAMPLE_TEXTS])
     cfg = ModelConfig.from_preset("gpt2-small", context_length=1024)
@@ -144,6 +143,7 @@ def layer_norm_demo(run: FigureInputs | None, step: str) -> Any:
     `out`, its `mean` and `var` (torch's default n - 1), the rows normalised that way (`normalised`),
     and through our LayerNorm (population variance): `layer_norm`, its first value `layer_norm_first`,
     and the variance of the rows of the batch itself through it (`layer_norm_var`, listing 4.2's check)."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
     from torch import nn
 
@@ -168,6 +168,7 @@ def layer_norm_demo(run: FigureInputs | None, step: str) -> Any:
 
 def gelu_values(run: FigureInputs | None, x: list[float]) -> list[float]:
     """Our GELU (GPT-2's tanh approximation) at these points."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.gpt import GELU
@@ -176,6 +177,7 @@ def gelu_values(run: FigureInputs | None, x: list[float]) -> list[float]:
 
 
 def _gelu_grid(low: float, high: float, step: float) -> Any:
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     return torch.arange(round((high - low) / step) + 1, dtype=torch.float64) * step + low
@@ -183,6 +185,7 @@ def _gelu_grid(low: float, high: float, step: float) -> Any:
 
 def gelu_minimum(run: FigureInputs | None, low: float, high: float, step: float) -> list[float]:
     """[x, GELU(x)] at our GELU's minimum over a grid (the dip below zero the section describes)."""
+    # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.gpt import GELU
 
     x = _gelu_grid(low, high, step)
@@ -193,6 +196,7 @@ def gelu_minimum(run: FigureInputs | None, low: float, high: float, step: float)
 
 def gelu_tanh_gap(run: FigureInputs | None, low: float, high: float, step: float) -> list[float]:
     """[x, gap] where our tanh GELU is furthest from the exact x·Φ(x), over a grid."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch.nn.functional as F
 
     from gptlab.model.gpt import GELU
@@ -206,6 +210,7 @@ def gelu_tanh_gap(run: FigureInputs | None, low: float, high: float, step: float
 def shortcut_gradients(run: FigureInputs | None, use_shortcut: bool) -> list[float]:
     """Section 4.4: mean |gradient| of each layer's weight in the five-layer network (seed 123,
     input [1, 0, -1], MSE against 0), with or without shortcut connections."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.book.demos import ExampleDeepNeuralNetwork
@@ -249,6 +254,7 @@ def _greedy(
     context_length: int,
     qkv_bias: bool,
 ) -> tuple[int, ...]:
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.generate import generate

@@ -10,6 +10,7 @@ from typing import Any
 
 from gptlab.book.figures.ch4 import seeded_model
 from gptlab.book.figures.inputs import FigureInputs, raw_dir, tokenizer, tokenizer_of
+from gptlab.model.config import ModelConfig
 
 __all__ = [
     "untrained_text",
@@ -32,13 +33,12 @@ TOY_LOGITS = (4.51, 0.89, -1.90, 6.75, 1.63, -1.62, -1.89, 6.28, 1.79)
 
 def _chapter5_model(seed: int) -> Any:
     """GPT_CONFIG_124M with chapter 5's context of 256 tokens, built after `seed`."""
-    from gptlab.model.config import ModelConfig
-
     return seeded_model(ModelConfig.from_preset("gpt2-small", context_length=256), seed)
 
 
 def untrained_text(run: FigureInputs | None, prompt: str, max_new_tokens: int, seed: int) -> str:
     """Section 5.1.1: the untrained model's greedy continuation of the prompt, decoded."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.generate import generate
@@ -58,6 +58,7 @@ def two_example_batch(run: FigureInputs | None, seed: int, step: str) -> Any:
 @functools.cache
 def _two_example_results(folder: Path, seed: int) -> dict[str, Any]:
     """One forward pass of the batch, every figure of the section from it."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.training.losses import next_token_loss, perplexity
@@ -87,6 +88,7 @@ def uniform_loss(run: FigureInputs | None) -> float:
 
 def toy_top_k(run: FigureInputs | None, k: int) -> list[Any]:
     """[the top k logits, their positions, their words] of the toy logits (section 5.3.2)."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     values, positions = torch.topk(torch.tensor(TOY_LOGITS), k)
@@ -95,6 +97,7 @@ def toy_top_k(run: FigureInputs | None, k: int) -> list[Any]:
 
 def toy_probabilities(run: FigureInputs | None, temperature: float, top_k: int | None = None) -> list[float]:
     """The toy distribution generate() samples from: top-k filtered, then temperature-scaled softmax."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.generate import next_token_probabilities
@@ -104,6 +107,7 @@ def toy_probabilities(run: FigureInputs | None, temperature: float, top_k: int |
 
 def toy_next_word(run: FigureInputs | None, seed: int | None = None) -> str:
     """The toy vocabulary's next word: greedy (argmax) without a seed, else one multinomial draw after it."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     probas = torch.softmax(torch.tensor(TOY_LOGITS), dim=0)
@@ -115,6 +119,7 @@ def toy_next_word(run: FigureInputs | None, seed: int | None = None) -> str:
 
 def toy_sample_counts(run: FigureInputs | None, seed: int, draws: int, temperature: float = 1.0) -> list[int]:
     """How often each toy word comes up in `draws` single multinomial draws after `seed` (section 5.3.1)."""
+    # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.generate import next_token_probabilities

@@ -43,6 +43,7 @@ def verdict_text(run: FigureInputs | None) -> str:
 @functools.cache
 def tokenizer_of(folder: Path) -> tiktoken.Encoding:
     """GPT-2's BPE from a folder's files, loaded once."""
+    # model.tokenizer (torch) on first use: keeps `gptlab --help` fast
     from gptlab.model.tokenizer import load_tokenizer
 
     return load_tokenizer(folder)
