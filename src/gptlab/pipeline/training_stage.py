@@ -58,11 +58,8 @@ class Reports:
 
 
 def loss_table(history: list[dict[str, float]], columns: list[str]) -> pd.DataFrame:
-    """losses.csv: the loop's evaluation rows in `columns`' order.
-
-    pandas is imported here, at the end of a run, not with the stage (a few tenths of a second).
-    """
-    import pandas as pd
+    """losses.csv: the loop's evaluation rows in `columns`' order."""
+    import pandas as pd  # at the end of a run, not with the stage: a few tenths of a second
 
     return pd.DataFrame(history, columns=columns)
 
