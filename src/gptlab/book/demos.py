@@ -3,7 +3,7 @@
 Chapter 2's regex tokenizers, chapter 3's attention classes before multi-head
 attention, and chapter 4's placeholder GPT and five-layer shortcut network.
 They exist so that the reproduction report can compute the figures the book
-prints for them; the pipeline's own model is model.py, which none of this
+prints for them; the pipeline's own model is model/gpt.py, which none of this
 touches. Each class builds its layers in the book's order, so that after the
 book's seed it holds the book's random weights.
 """

@@ -416,7 +416,7 @@ def _git_commit(root: Path, report: Path) -> str | None:
         ).stdout.strip()
 
     try:
-        # A `gptlab smoke` workspace names the project's commit in trailers (gptlab.smoke.commit_workspace).
+        # A `gptlab smoke` workspace names the project's commit in trailers (gptlab.experiments.smoke.commit_workspace).
         source = git("log", "-1", "--format=%(trailers:key=Source-Commit,valueonly)")
         if source:
             dirty = git("log", "-1", "--format=%(trailers:key=Source-Dirty,valueonly)") == "true"

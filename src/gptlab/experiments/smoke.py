@@ -156,7 +156,7 @@ def _project_run_output(name: Path) -> bool:
 def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> None:
     """Commit everything in the workspace, naming the project's commit in git trailers.
 
-    `gptlab report` reads them (gptlab.reproduction): the throwaway repository's own
+    `gptlab report` reads them (gptlab.book.reproduction): the throwaway repository's own
     commit says nothing about which code ran.
     """
     trailers = [f"Source-Commit: {source[SOURCE_COMMIT_ENV]}"] if SOURCE_COMMIT_ENV in source else []
@@ -169,7 +169,7 @@ def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> No
 
 
 def source_commit_env(project: Path) -> dict[str, str]:
-    """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for lineage.py to tag runs with."""
+    """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for tracking/lineage.py to tag runs with."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True, check=True

@@ -3,7 +3,7 @@
 A model checkpoint is `model.safetensors` plus `config.json` holding the model's
 config and metadata, so downstream stages rebuild the model from the checkpoint
 alone, never by re-reading another stage's params. A training checkpoint
-(`step-XXXXXXX/` in a run's resume folder, see gptlab.resume) adds the optimizer,
+(`step-XXXXXXX/` in a run's resume folder, see gptlab.training.resume) adds the optimizer,
 the RNG states and the loop's `Progress` (`state.pt`, tensors and plain values
 only), and a manifest of sizes and SHA-256 digests that loading checks. Every
 file is written to a temporary name and renamed, so a crash never leaves a

@@ -1,4 +1,4 @@
-"""`python -m gptlab.dvc_quiet ARGS`: the dvc CLI, without its warnings for outputs not built yet.
+"""`python -m gptlab.pipeline.dvc_quiet ARGS`: the dvc CLI, without its warnings for outputs not built yet.
 
 `dvc exp run` first checks out every stage output it has a hash for, and warns
 "No file hash info found ... It won't be created" for each it has none for: in a fresh

@@ -24,7 +24,7 @@ def plot_losses(
     """The book's loss figure: train and validation loss against epochs, tokens seen on a twin axis.
 
     `history` rows carry step (0-based optimizer step), `seen_key`, train_loss
-    and val_loss, as gptlab.train.fit records them.
+    and val_loss, as gptlab.training.loop.fit records them.
     """
     # matplotlib at a stage's end, not its start-up
     from matplotlib.figure import Figure

@@ -12,7 +12,7 @@ the agent passes the signal on to every rank, and each stops the same way (one
 waiting in a collective stops once its peers have gone). A second SIGTERM acts
 as it did before: the process ends at once.
 
-Every stage process keeps the large blocks torch frees (gptlab.memory): the
+Every stage process keeps the large blocks torch frees (gptlab.pipeline.memory): the
 same numbers, a faster CPU step.
 """
 
@@ -50,7 +50,7 @@ def answer_arguments_first(module: str, description: str | None) -> None:
     """Parse a stage script's arguments before its heavy imports: `--help` (or a typo) answers at once.
 
     Called at the top of each script with its `__name__`: imported (by tests, by another
-    module), it does nothing. Run as a script, it also keeps freed memory (gptlab.memory)
+    module), it does nothing. Run as a script, it also keeps freed memory (gptlab.pipeline.memory)
     for the life of the process, before torch allocates anything.
     """
     if module == "__main__":

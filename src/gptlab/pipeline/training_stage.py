@@ -122,7 +122,7 @@ class TrainingRun:
         """Write the checkpoint and the reports, and log both (and the loop's time) to MLflow.
 
         `skip` names report files the stage logged itself (figures); `kind` and
-        `model_defaults` are those of the registered model (gptlab.registry).
+        `model_defaults` are those of the registered model (gptlab.tracking.registry).
         """
         save_model(model, model_dir, dict(metadata))
         self.tracker.record_checkpoint(model_dir)

@@ -17,7 +17,7 @@ from gptlab.schema import (
 )
 from gptlab.training.config import TrainConfig
 
-# The allowed values of spam.trainable and spam.pooling, named once: gptlab.classifier takes these words.
+# The allowed values of spam.trainable and spam.pooling, named once: gptlab.tasks.classifier takes these words.
 # What each mode trains is said once, by gptlab.tasks.fine_tune.select_trainable.
 Trainable = Literal["head", "last_blocks", "all", "lora"]
 

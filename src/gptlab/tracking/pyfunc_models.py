@@ -1,6 +1,6 @@
 """gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
 
-Besides tracking.py, lineage.py and registry.py, this module (with its three-line
+Besides runs.py, lineage.py and registry.py, this module (with its three-line
 models-from-code file, pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc`
 and its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
 `registry.log_model` imports it lazily, by name, so it is part of no

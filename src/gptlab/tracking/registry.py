@@ -18,7 +18,7 @@ from typing import Any
 from gptlab.errors import GptlabError
 from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, tracking_uri
 
-# Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.pyfunc_models).
+# Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
 MODEL_KINDS: dict[str, tuple[str, str]] = {
     "pretrain": ("pretrain", "lm"),
     "spam": ("spam", "spam"),

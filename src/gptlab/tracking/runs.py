@@ -4,7 +4,7 @@ Default store: `mlflow.db` (SQLite) and `mlruns/` in the project, no server
 needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead.
 Each stage execution is one run named after the stage, in one experiment per
 pipeline, tagged so that the runs of one `dvc repro` can be found together
-(the tags, dataset hashes and upstream links: gptlab.lineage).
+(the tags, dataset hashes and upstream links: gptlab.tracking.lineage).
 Runs are started with MLflow's fluent API, so they carry MLflow's standard tags
 (`mlflow.user`, `mlflow.source.name`, ...) and, with `tracking.system_metrics`,
 CPU, memory (and GPU, where MLflow can read it) use as `system/...` metrics.
@@ -85,7 +85,7 @@ def imported_mlflow() -> ModuleType:
 
 # The MLflow UI draws each `/` prefix of a metric's name as a section of charts, sections sorted
 # by name and unprefixed metrics last: curves first, then the single values under eval/, final/,
-# initial/ (gptlab.tracking.section), and system/ on its own tab.
+# initial/ (gptlab.tracking.runs.section), and system/ on its own tab.
 CURVES = "curves"
 
 

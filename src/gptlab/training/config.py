@@ -43,7 +43,7 @@ class TrainConfig:
     # 2-core CPU against the default's 1.11 s.
     fused_adamw: bool
     # book: logits then F.cross_entropy; chunked: head and cross entropy fused a chunk of tokens at a
-    # time, never materialising all logits (next-token stages; see gptlab.chunked_loss).
+    # time, never materialising all logits (next-token stages; see gptlab.training.chunked_loss).
     loss_kernel: Literal["book", "chunked"]
     # Train through torch.compile (first step pays a compile of ~1 min on CPU).
     compile: bool

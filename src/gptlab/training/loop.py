@@ -5,12 +5,12 @@ reuse with another loss: AdamW, an evaluation on a few batches every
 `eval_freq` steps, tokens (or examples) seen, and a callback after each epoch
 (the book's sample or accuracy). Around it, as calls:
 
-- the data order and randomness of `train.rng` (gptlab.data_order);
-- exact resume (gptlab.resume): the state is saved on the `checkpoints`
+- the data order and randomness of `train.rng` (gptlab.training.data_order);
+- exact resume (gptlab.training.resume): the state is saved on the `checkpoints`
   cadence and after the last step; a rerun continues from the newest valid
   save and ends with the same numbers;
 - safety: a non-finite loss stops with an error, keeping the last good checkpoint;
-- data parallelism under `torchrun` (gptlab.distributed): rank r takes every
+- data parallelism under `torchrun` (gptlab.training.distributed): rank r takes every
   world_size-th batch of the same epoch order, DistributedDataParallel
   averages gradients, and only rank 0 logs, prints and saves.
 

@@ -2,7 +2,7 @@
 
 `next_token_loss` is the book's `calc_loss_batch` (chapters 5 and 7) and
 `average_loss` its `calc_loss_loader`. The classification loss of chapter 6
-lives beside the classifier; all of them plug into `gptlab.train.fit`.
+lives beside the classifier; all of them plug into `gptlab.training.loop.fit`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ never keep one from resuming). The folder is
 - created and locked when a stage starts training (`resume_folder`); a second
   process training the same run is refused, and the lock dies with its process;
 - filled by `Checkpointer.save`: the training state copied to the CPU, then
-  written (in gptlab.checkpoint's format) in a background thread while training
+  written (in gptlab.model.checkpoint's format) in a background thread while training
   goes on, read back and checked against the copy's SHA-256 before older saves
   are pruned (a failure surfaces at the next save or at `wait`);
 - read by `Checkpointer.resume` after a crash, checked again by its digests and
