@@ -1,4 +1,6 @@
-"""The Verdict windows, the spam splits, and the tokenize stage's files, metrics and determinism."""
+"""The Verdict windows, the spam splits, and the tokenize stage's files, metrics and determinism;
+a damaged token-ids file is refused naming it.
+"""
 
 from __future__ import annotations
 

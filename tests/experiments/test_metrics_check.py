@@ -1,4 +1,8 @@
-"""The metric guard that CI runs after the smoke profile: regressions fail, improvements pass."""
+"""The metric guard that CI runs after the smoke profile: regressions fail, improvements pass.
+
+`gptlab metrics` exits 1 when a metric regressed or is missing and 2 when it could not check (a
+malformed baseline, no reports), naming the file and writing nothing.
+"""
 
 from __future__ import annotations
 

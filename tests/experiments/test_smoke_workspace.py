@@ -1,4 +1,6 @@
-"""`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later."""
+"""`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later;
+its runs log to their own experiment, tagged with the project's commit.
+"""
 
 from __future__ import annotations
 

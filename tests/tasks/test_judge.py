@@ -1,4 +1,6 @@
-"""The judge client against a real HTTP server on 127.0.0.1, speaking Ollama's and OpenAI's shapes."""
+"""The judge client against a real HTTP server on 127.0.0.1, speaking Ollama's and OpenAI's shapes;
+its API key never follows a redirect nor goes over plain HTTP to another host.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Answer generation and extraction, and the ROUGE-L score of answers."""
+"""Answer generation and extraction, prompts fitted to the context, and the ROUGE-L score of answers."""
 
 from __future__ import annotations
 
