@@ -1,4 +1,4 @@
-"""Shared fixtures: the pipeline's inputs, the tokenizer, and a throwaway MLflow store per test."""
+"""Shared fixtures: the pipeline's inputs, the tokenizer, a tiny checkpoint, and a throwaway MLflow store per test."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cache_dir, inputs_dir
+from helpers import TINY_GPT, cache_dir, inputs_dir
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,19 @@ def tokenizer(shared_data: Path):
     from gptlab.model.tokenizer import load_tokenizer
 
     return load_tokenizer(shared_data)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A tiny pretrain checkpoint (TINY_GPT, seed 0) saved in tmp_path/models/pretrain."""
+    # torch: imported only by the tests that ask for a checkpoint, not by every test's start
+    import torch
+
+    from gptlab.model.checkpoint import save_model
+    from gptlab.model.fast_kernels import build_gpt
+
+    torch.manual_seed(0)
+    return save_model(build_gpt(TINY_GPT).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ import yaml
 from gptlab.data.config import Sources
 from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
 from gptlab.data.inputs import data_inputs, fetch_input
+from gptlab.model.config import ModelConfig
 from gptlab.pipeline.params import Params, load_params
 from gptlab.training.config import CheckpointConfig, TrainConfig
 
@@ -31,6 +32,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CACHE_ENV = "GPTLAB_CACHE_DIR"
 # The user's mirror, read before any fixture points GPTLAB_MIRROR at the cache.
 USER_MIRROR = mirror_dir()
+# A GPT built in milliseconds: the `checkpoint` fixture's model, for tests of what reads checkpoints.
+TINY_GPT = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
 
 
 @functools.cache
@@ -241,3 +244,17 @@ def closed_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (hidden ones too) with its bytes: equal snapshots, nothing changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The CLI's stderr, checked to be one `gptlab COMMAND: ...` line and no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gptlab {command}: "), err
+    return lines[0]

@@ -17,6 +17,7 @@ from helpers import PROJECT_ROOT
 KEPT = "freed memory kept, as the stages do" if GLIBC else "freed memory as this platform's malloc does"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "memory"), [([], KEPT), (["--glibc-malloc"], "freed memory returned (glibc defaults)")]
 )
@@ -48,6 +49,7 @@ def test_train_step_benchmark_tiny_prints_every_variant(flags: list[str], memory
     assert "step FLOPs = 6 * N * tokens" in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_generate_tiny_prints_every_variant_with_the_same_tokens() -> None:
     result = subprocess.run(
         [sys.executable, "benchmarks/bench_generate.py", "--tiny", "--rounds", "1"],

@@ -49,6 +49,7 @@ def _rows(outcomes: dict[str, Outcome], chapter: int) -> list[Outcome]:
     return [o for o in outcomes.values() if o.figure.chapter == chapter]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_row_of_the_chapter_is_reproduced(outcomes: dict[str, Outcome], chapter: int) -> None:
     rows = _rows(outcomes, chapter)
@@ -57,6 +58,7 @@ def test_every_row_of_the_chapter_is_reproduced(outcomes: dict[str, Outcome], ch
     assert not off
 
 
+@pytest.mark.slow
 def test_chapter_5_demos_are_reproduced(outcomes: dict[str, Outcome]) -> None:
     demos = [o for o in _rows(outcomes, 5) if o.figure.ours is not None and o.figure.ours.live]
     assert len(demos) >= 13
@@ -97,6 +99,7 @@ def nudge_book(path: Path, chapters: tuple[int, ...]) -> set[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_a_wrong_book_value_turns_its_row_off(
     tmp_path: Path, run: RunInfo, outcomes: dict[str, Outcome]
 ) -> None:
@@ -109,6 +112,7 @@ def test_a_wrong_book_value_turns_its_row_off(
     assert all(nudged[i].status == OK for i in untouched)
 
 
+@pytest.mark.slow
 def test_the_report_shows_a_row_per_figure_with_ours_beside_the_books(run: RunInfo) -> None:
     text = render_markdown(BOOK, REPORTS)
     assert "## Chapter 3: Coding attention mechanisms" in text

@@ -146,6 +146,7 @@ def test_gpt2_source_is_read_from_dvc_lock_first(reports: Path) -> None:
     assert run.gpt2_source == "huggingface" and run.params_origin == "dvc.lock"
 
 
+@pytest.mark.slow
 def test_chapter_4_parameter_counts_from_our_model_equal_the_books() -> None:
     book = load_book(BOOK)
     counted = [

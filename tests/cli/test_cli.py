@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,10 @@ import pytest
 
 from gptlab.cli.main import COMMANDS, main
 from gptlab.errors import GptlabError, InputError, describe_failure
+from gptlab.experiments.sweep import sweep_path
+from gptlab.model.checkpoint import WEIGHTS_FILE
+
+from helpers import one_line_error
 
 HEAVY = ("torch", "gptlab.model.gpt", "mlflow")
 
@@ -68,3 +73,32 @@ def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str])
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"gptlab {importlib.metadata.version('gptlab')}"
+
+
+def test_a_folder_given_for_a_file_is_named_as_a_folder(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "messages"
+    folder.mkdir()
+    assert main(["classify", "--file", str(folder), "--model", str(checkpoint)]) == 2
+    assert (
+        one_line_error(capsys, "classify") == f"gptlab classify: --file {folder}: is a directory, not a file"
+    )
+    weights = checkpoint / WEIGHTS_FILE
+    assert main(["chat", "--model", str(weights), "Say hi"]) == 2
+    assert one_line_error(capsys, "chat").startswith(
+        f"gptlab chat: --model {weights}: is a file, not a checkpoint"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    assert main(["run", "--profile", str(folder)]) == 2
+    assert one_line_error(capsys, "run") == f"gptlab run: profile {folder}: is a directory, not a file"
+    with pytest.raises(
+        IsADirectoryError, match=re.escape(f"sweep file {folder}: is a directory, not a file")
+    ):
+        sweep_path(folder)
+    assert main(["metrics", "check", "--baseline", str(folder)]) == 2
+    assert (
+        one_line_error(capsys, "metrics")
+        == f"gptlab metrics: baseline {folder}: is a directory, not a baseline file"
+    )

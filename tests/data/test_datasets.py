@@ -1,11 +1,13 @@
-"""The Verdict windows, the spam splits, and the tokenize stage's files, metrics and determinism."""
+"""The Verdict windows, the spam splits, and the tokenize stage's files, metrics and determinism;
+a damaged token-ids file is refused naming it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mlflow
@@ -17,11 +19,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from gptlab.data import spam, verdict
+from gptlab.errors import GptlabError
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.pipeline.params import Params
 from stages import tokenize_data as tokenize_stage
 
-from helpers import committed_params
+from helpers import committed_params, snapshot
 
 
 def stage_params(raw_dir: Path, processed_dir: Path) -> Params:
@@ -258,3 +261,66 @@ def test_stage_refuses_missing_inputs_before_any_work(tmp_path: Path, shared_dat
     with pytest.raises(FileNotFoundError, match=r"the-verdict\.txt.*SMSSpamCollection.*dvc repro download"):
         run_stage(tmp_path, raw, tmp_path / "mlflow.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _truncated(path: Path) -> None:
+    np.save(path, np.arange(200, dtype=np.int32).reshape(2, 100))
+    path.write_bytes(path.read_bytes()[:-50])
+
+
+def _not_npy(path: Path) -> None:
+    path.write_bytes(b"just some text, not an array\n")
+
+
+def _floats(path: Path) -> None:
+    np.save(path, np.ones((2, 4), dtype=np.float32))
+
+
+def _out_of_vocabulary(path: Path) -> None:
+    np.save(path, np.array([[15496, 995, 50257, 0], [1, 2, 3, 50256]], dtype=np.int32))
+
+
+def _negative(path: Path) -> None:
+    np.save(path, np.array([[15496, 995, -1, 0], [1, 2, 3, 50256]], dtype=np.int32))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_pickled, "pickled"),
+        (_truncated, "truncated"),
+        (_not_npy, "not a NumPy"),
+        (_floats, "integer"),
+        (
+            _out_of_vocabulary,
+            r"token id 50257 at index \(0, 2\) is outside GPT-2's vocabulary \(0 to 50256\)",
+        ),
+        (_negative, r"token id -1 at index \(0, 2\) is outside GPT-2's vocabulary"),
+    ],
+    ids=["pickled", "truncated", "not-npy", "floats", "out-of-vocabulary", "negative"],
+)
+@pytest.mark.parametrize("dataset", ["verdict", "spam"])
+def test_damaged_npy_names_the_file(
+    tmp_path: Path, damage: Callable[[Path], None], message: str, dataset: str
+) -> None:
+    processed = tmp_path / "processed"
+    if dataset == "verdict":
+        path = verdict.split_path(processed, "train")
+        path.parent.mkdir(parents=True)
+        damage(path)
+        load = lambda: verdict.load_split(processed, "train")  # noqa: E731
+    else:
+        csv_path, path = spam.split_paths(processed, "train")
+        path.parent.mkdir(parents=True)
+        csv_path.write_text("text,label\nhello,0\nwin now,1\n")
+        damage(path)
+        load = lambda: spam.SpamDataset(processed, "train")  # noqa: E731
+    before = snapshot(tmp_path)
+    with pytest.raises(GptlabError, match=message) as info:
+        load()
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before

@@ -143,6 +143,7 @@ def test_with_neither_network_nor_mirror_the_failure_is_one_line(tmp_path: Path)
     assert f"GPTLAB_MIRROR={empty} has no the-verdict.txt" in info.value.msg
 
 
+@pytest.mark.slow
 def test_pytest_run_offline_fails_the_tests_that_need_inputs_and_runs_the_others(tmp_path: Path) -> None:
     """The real fixture in a pytest run of its own: empty cache, no mirror, every URL refused."""
     (tmp_path / "test_tiny.py").write_text(

@@ -1,4 +1,8 @@
-"""The metric guard that CI runs after the smoke profile: regressions fail, improvements pass."""
+"""The metric guard that CI runs after the smoke profile: regressions fail, improvements pass.
+
+`gptlab metrics` exits 1 when a metric regressed or is missing and 2 when it could not check (a
+malformed baseline, no reports), naming the file and writing nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gptlab.cli import smoke as smoke_command
 from gptlab.cli.main import main
+from gptlab.experiments import metrics_check
 from gptlab.experiments.metrics_check import compare, guarded_reports, load_baseline, update_baseline
 from gptlab.schema import ConfigError
+
+from helpers import one_line_error, snapshot
 
 
 def write_reports(root: Path, val_loss: float, accuracy: float) -> Path:
@@ -168,3 +176,127 @@ def test_committed_baselines_each_name_their_run_and_the_reference_holds(
     assert guarded >= 8  # the pretrain and eval losses and perplexities at least
     assert main(["metrics", "check", "--reports", "reports"]) == 0
     assert f"OK: {guarded} metrics within tolerance of baselines/reference.yaml" in capsys.readouterr().out
+
+
+GOOD_BASELINE = {
+    "metrics": {
+        "pretrain/metrics.json": {"val_loss": {"baseline": 6.0, "direction": "lower", "tolerance": 0.05}}
+    }
+}
+
+
+def write_every_report(root: Path, val_loss: float = 5.9) -> Path:
+    reports = root / "reports"
+    (reports / "pretrain").mkdir(parents=True, exist_ok=True)
+    (reports / "spam").mkdir(parents=True, exist_ok=True)
+    (reports / "eval").mkdir(parents=True, exist_ok=True)
+    pretrain = {"val_loss": val_loss, "final_val_perplexity": 400.0, "steps": 10, "epochs": 1}
+    (reports / "pretrain" / "metrics.json").write_text(json.dumps(pretrain))
+    spam_metrics = {"test": {"accuracy": 0.9, "f1": 0.8, "confusion_matrix": [[1, 2], [3, 4]]}}
+    (reports / "spam" / "metrics.json").write_text(json.dumps(spam_metrics))
+    (reports / "eval" / "metrics.json").write_text(
+        json.dumps({"val_loss": 6.5, "val_perplexity": float("inf")})
+    )
+    return reports
+
+
+@pytest.mark.parametrize(
+    ("baseline_text", "message"),
+    [
+        ("metrics:\n  pretrain/metrics.json: {val_loss: [1, 2\n", "line 3"),
+        ("metrics:\n  - just a list\n", "expected a mapping"),
+        ("metrics:\n  pretrain/metrics.json: [val_loss]\n", "metrics.pretrain/metrics.json"),
+        ("metrics:\n  pretrain/metrics.json:\n    val_loss: 6.0\n", "metrics.pretrain/metrics.json.val_loss"),
+        ("\xff\xfe garbage", "not UTF-8"),
+    ],
+    ids=["yaml-syntax", "wrong-shape", "file-not-a-mapping", "guard-not-a-mapping", "binary"],
+)
+@pytest.mark.parametrize("action", ["check", "update-baseline"])
+def test_malformed_baseline_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], baseline_text: str, message: str, action: str
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_bytes(baseline_text.encode("latin-1"))
+    reports = write_every_report(tmp_path)
+    before = snapshot(tmp_path)
+
+    assert main(["metrics", action, "--baseline", str(baseline), "--reports", str(reports)]) == 2
+
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and message in line
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_baseline_or_reports_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    reports = write_every_report(tmp_path)
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(baseline) in line and f"gptlab metrics update-baseline --baseline {baseline}" in line
+
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    for action in ("check", "update-baseline"):
+        nowhere = tmp_path / "nowhere"
+        assert main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
+        assert f"reports folder {nowhere} not found" in one_line_error(capsys, "metrics")
+    assert baseline.read_text() == yaml.safe_dump(GOOD_BASELINE)
+
+
+def test_unreadable_metrics_file_cannot_be_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_every_report(tmp_path)
+    (reports / "pretrain" / "metrics.json").write_text('{"val_loss": 5.')
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports / "pretrain" / "metrics.json") in line and "not valid JSON" in line
+
+
+def test_regression_and_missing_metric_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(GOOD_BASELINE))
+    reports = write_every_report(tmp_path, val_loss=7.0)
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "regressed" in capsys.readouterr().out
+    (reports / "pretrain" / "metrics.json").unlink()
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
+    assert "missing" in capsys.readouterr().out
+
+
+def test_update_baseline_creates_a_new_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reports = write_every_report(tmp_path)
+    new = tmp_path / "baselines" / "new.yaml"
+
+    assert main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 0
+    assert f"created {new}" in capsys.readouterr().out
+
+    guards = load_baseline(new)
+    assert set(guards) == {"pretrain/metrics.json", "spam/metrics.json", "eval/metrics.json"}
+    assert set(guards["pretrain/metrics.json"]) == {"val_loss", "final_val_perplexity"}  # counts left out
+    loss = guards["pretrain/metrics.json"]["val_loss"]
+    assert (loss.baseline, loss.direction) == (5.9, "lower") and 0 < loss.tolerance < 0.5
+    accuracy = guards["spam/metrics.json"]["test.accuracy"]
+    assert (accuracy.baseline, accuracy.direction, accuracy.tolerance) == (0.9, "higher", 0.03)
+    assert set(guards["eval/metrics.json"]) == {"val_loss"}  # an infinite perplexity cannot be a baseline
+    assert new.read_text().startswith("#")  # says how it was made and how to update it
+    assert main(["metrics", "check", "--baseline", str(new), "--reports", str(reports)]) == 0
+
+
+def test_update_baseline_without_any_metric_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    new = tmp_path / "new.yaml"
+    assert main(["metrics", "update-baseline", "--baseline", str(new), "--reports", str(reports)]) == 2
+    line = one_line_error(capsys, "metrics")
+    assert str(reports) in line and "update-baseline" not in line
+    assert not new.exists()
+
+
+def test_smoke_command_uses_the_check_of_metrics_check() -> None:
+    assert smoke_command.check is metrics_check.check

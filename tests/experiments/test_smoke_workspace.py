@@ -1,4 +1,6 @@
-"""`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later."""
+"""`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later;
+its runs log to their own experiment, tagged with the project's commit.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gptlab.cli.main import main
 from gptlab.errors import GptlabError
-from gptlab.experiments.smoke import WORKSPACE_MARKER, mark_workspace, prepare_workspace, workspace_lock
+from gptlab.experiments.smoke import (
+    WORKSPACE_MARKER,
+    mark_workspace,
+    prepare_workspace,
+    run_profile,
+    workspace_lock,
+)
 
 from helpers import PROJECT_ROOT
 
@@ -108,3 +117,30 @@ def test_a_dvc_experiment_made_in_the_workspace_is_kept_unless_fresh(tmp_path: P
     prepare_workspace(PROJECT_ROOT, workdir, {}, fresh=True)
     refs = subprocess.run(["git", "for-each-ref"], cwd=workdir, capture_output=True, text=True).stdout
     assert "refs/exps" not in refs
+
+
+def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
+    assert profile["tracking"]["experiment"] == "gptlab-smoke"
+
+    calls: list[dict[str, str]] = []
+    real_run = subprocess.run
+
+    def fake_run(args, *rest, **kwargs):  # only `dvc exp run` is faked: git answers for real
+        if "exp" in args:
+            calls.append(kwargs["env"])
+            return subprocess.CompletedProcess(args, 0)
+        return real_run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(
+        "gptlab.experiments.smoke.prepare_workspace",
+        lambda project, workdir, source, fresh: real_run(["git", "init", "-q", str(workdir)]),
+    )
+    run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / "ws")
+    head = real_run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    (env,) = calls
+    assert env["GPTLAB_SOURCE_COMMIT"] == head.stdout.strip()
+    assert env["GPTLAB_SOURCE_DIRTY"] in ("true", "false")

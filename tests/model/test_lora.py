@@ -167,6 +167,7 @@ def test_replace_linear_with_lora_recurses_like_the_books() -> None:
     assert net[0].linear.weight.requires_grad  # freezing is add_lora's, as in the book
 
 
+@pytest.mark.slow
 def test_training_with_lora_checkpoints_and_resumes(tmp_path: Path) -> None:
     """The resumable training checkpoints hold the adapters; a rerun resumes from them exactly."""
     cfg = dataclasses.replace(TRAIN, batch_size=2, lr=1e-2, eval_iter=1)

@@ -282,6 +282,7 @@ def test_cached_weights_resolve_with_no_request(hf_home: tuple[Path, GPT2LMHeadM
     assert entries_under(home) == before  # nothing downloaded again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["tampered", "truncated"])
 def test_damaged_blob_in_the_hf_cache_is_refused(hf_home: tuple[Path, GPT2LMHeadModel], damage: str) -> None:
     home, _ = hf_home
@@ -300,6 +301,7 @@ def test_damaged_blob_in_the_hf_cache_is_refused(hf_home: tuple[Path, GPT2LMHead
     assert not Path("models/gpt2").exists() and not Path("data/weights").exists()
 
 
+@pytest.mark.slow
 def test_offline_with_an_empty_hf_cache_fails_in_one_line(project: Path) -> None:
     # Repos that do not exist: even if offline mode were ignored, this never downloads real weights.
     edit_params(**{f"gpt2/weights/{name}/repo_id": f"gptlab-test/not-on-the-hub-{name}" for name in NAMES})
@@ -390,6 +392,7 @@ def test_pretrain_source_through_the_stage_script(project: Path) -> None:
     assert not list(Path("data/weights").glob("*/*"))  # nothing downloaded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", [("masked_softmax", "book"), ("sdpa", "fused")])
 def test_base_models_record_the_kernels_of_the_pretrain_checkpoint(
     project: Path, kernels: tuple[str, str]

@@ -61,6 +61,7 @@ def mapped_while_alive(heap: dict[str, dict[str, int]]) -> int:
     return heap["alive"]["mmapped"] - heap["before"]["mmapped"]
 
 
+@pytest.mark.slow
 def test_a_stage_process_serves_large_blocks_from_the_heap_and_keeps_them_when_freed(
     tmp_path: Path,
 ) -> None:
@@ -107,6 +108,7 @@ print(json.dumps({"losses": losses, "weights": weights}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kernels", "loss_kernel"), [("book", "book"), ("fused", "chunked")])
 def test_keeping_freed_memory_changes_no_number(tmp_path: Path, kernels: str, loss_kernel: str) -> None:
     script = tmp_path / "steps.py"

@@ -19,6 +19,11 @@ import pytest
 from helpers import PROJECT_ROOT
 
 STAGE_SCRIPTS = sorted((PROJECT_ROOT / "stages").glob("*.py"))
+# Every stage but download.py loads torch as it starts: seconds for each fresh interpreter.
+STAGES = [
+    pytest.param(script, id=script.name, marks=() if script.name == "download.py" else pytest.mark.slow)
+    for script in STAGE_SCRIPTS
+]
 # Loaded by a stage once it logs, plots or scores; never by its start-up.
 LATER = (
     "mlflow",
@@ -44,14 +49,14 @@ def modules_after(code: str, watched: tuple[str, ...], cwd: Path) -> tuple[list[
     return lines, json.loads(loaded)
 
 
-@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda path: path.name)
+@pytest.mark.parametrize("script", STAGES)
 def test_a_stage_module_imports_none_of_what_it_uses_later(script: Path) -> None:
     code = f"import runpy\nrunpy.run_path({str(script)!r}, run_name='startup_check')"
     _, loaded = modules_after(code, LATER, PROJECT_ROOT)
     assert loaded == [], f"{script.name} imports at start-up: {loaded}"
 
 
-@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda path: path.name)
+@pytest.mark.parametrize("script", STAGES)
 def test_a_bad_params_file_is_answered_before_mlflow_loads(script: Path, tmp_path: Path) -> None:
     code = (
         "import runpy, sys\n"
@@ -68,6 +73,7 @@ def test_a_bad_params_file_is_answered_before_mlflow_loads(script: Path, tmp_pat
     assert loaded == expected, f"{script.name} loads before reading its params: {loaded}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verbose", ["", "1"])
 def test_mlflow_imported_on_first_use_still_prints_warnings_only(verbose: str, tmp_path: Path) -> None:
     """MLflow sets its logger's level as it is imported: gptlab's quieting must come after it."""

@@ -141,6 +141,7 @@ def test_mirror_onto_a_full_disk_names_the_file(
     assert [p for p in disk.leftovers() if p.endswith(".part")] == []
 
 
+@pytest.mark.slow
 def test_report_onto_a_full_disk_names_the_file_and_leaves_no_temp(
     tmp_path: Path, disk: Disk, capsys: pytest.CaptureFixture[str]
 ) -> None:

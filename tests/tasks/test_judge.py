@@ -1,4 +1,6 @@
-"""The judge client against a real HTTP server on 127.0.0.1, speaking Ollama's and OpenAI's shapes."""
+"""The judge client against a real HTTP server on 127.0.0.1, speaking Ollama's and OpenAI's shapes;
+its API key never follows a redirect nor goes over plain HTTP to another host.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,6 +28,8 @@ from gptlab.tasks.judge import (
     parse_score,
     summarize,
 )
+
+from helpers import committed_params_raw
 
 ENTRY = {
     "instruction": "Convert 45 kilometers to meters.",
@@ -262,3 +266,141 @@ def test_bad_judge_params_name_the_key(key: str, value: Any, message: str) -> No
     section = {"enabled": True, "api": "ollama", "url": "http://localhost:11434/api/chat", "model": "llama3"}
     with pytest.raises(ConfigError, match=re.escape(message)):
         build(JudgeConfig, {**section, "timeout_s": 120, key: value}, "instruct.judge")
+
+
+class Recorder:
+    """A local HTTP server that records each request's method, path and headers, and answers `reply`."""
+
+    def __init__(self, reply: Callable[[BaseHTTPRequestHandler], None]) -> None:
+        self.requests: list[dict[str, Any]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def handle_any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                owner.requests.append(
+                    {"method": self.command, "path": self.path, "headers": dict(self.headers)}
+                )
+                reply(self)
+
+            do_GET = do_POST = handle_any
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chat_reply(handler: BaseHTTPRequestHandler) -> None:
+    payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "100"}}]}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[Recorder, Recorder]]:
+    """(judge, elsewhere): the judge answers every request with a 302 to `elsewhere`."""
+    elsewhere = Recorder(_chat_reply)
+
+    def redirect(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", f"{elsewhere.base}/v1/chat/completions")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    judge = Recorder(redirect)
+    yield judge, elsewhere
+    judge.close()
+    elsewhere.close()
+
+
+def judge_config(url: str, **extra: Any) -> JudgeConfig:
+    section = {"enabled": True, "api": "openai", "url": url, "model": "llama3", "timeout_s": 5, **extra}
+    return build(JudgeConfig, section, "instruct.judge")
+
+
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no-key"])
+def test_judge_refuses_redirects(
+    servers: tuple[Recorder, Recorder], monkeypatch: pytest.MonkeyPatch, with_key: bool
+) -> None:
+    judge, elsewhere = servers
+    if with_key:
+        monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    else:
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+    cfg = judge_config(f"{judge.base}/v1/chat/completions")
+
+    with pytest.raises(JudgeError, match="redirect") as info:
+        check_judge(cfg)
+    assert cfg.url in str(info.value) and elsewhere.base in str(info.value)
+    assert "sk-secret-123" not in str(info.value)
+    verdict = judge_one(cfg, {"instruction": "Say hi.", "input": "", "output": "hi"}, "hi")
+    assert verdict.score is None and "redirect" in verdict.reply
+
+    assert len(judge.requests) == 2
+    assert judge.requests[0]["headers"].get("Authorization") == ("Bearer sk-secret-123" if with_key else None)
+    assert elsewhere.requests == []  # the key (and the prompt) never reached the redirect target
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://judge.example.com/v1/chat/completions", False),
+        ("http://10.1.2.3:8000/v1/chat/completions", False),
+        ("http://127.0.0.2:8000/v1/chat/completions", True),  # loopback
+        ("http://localhost:8000/v1/chat/completions", True),
+        ("http://[::1]:8000/v1/chat/completions", True),
+        ("https://judge.example.com/v1/chat/completions", True),
+    ],
+)
+def test_judge_key_never_goes_over_plain_http_to_other_hosts(
+    monkeypatch: pytest.MonkeyPatch, url: str, allowed: bool
+) -> None:
+    sent: list[str] = []
+
+    def fake_open(request: Any, timeout: float) -> Any:  # nothing leaves the machine
+        sent.append(request.full_url)
+        raise OSError("not connecting in a test")
+
+    monkeypatch.setattr("gptlab.tasks.judge._OPENER.open", fake_open)
+    monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    if allowed:
+        with pytest.raises(JudgeError, match="unreachable"):
+            check_judge(judge_config(url))
+        assert sent == [url]
+        return
+    with pytest.raises(JudgeError, match="allow_insecure_http") as info:
+        check_judge(judge_config(url))
+    assert url in str(info.value) and "sk-secret-123" not in str(info.value)
+    assert sent == []
+
+    # Without a key there is nothing to leak; with the explicit opt-in the key is sent.
+    monkeypatch.delenv(API_KEY_ENV)
+    with pytest.raises(JudgeError, match="unreachable"):
+        check_judge(judge_config(url))
+    monkeypatch.setenv(API_KEY_ENV, "sk-secret-123")
+    with pytest.raises(JudgeError, match="unreachable"):
+        check_judge(judge_config(url, allow_insecure_http=True))
+    assert sent == [url, url]
+
+
+def test_judge_allow_insecure_http_is_a_checked_bool() -> None:
+    assert judge_config("http://localhost:1/x").allow_insecure_http is False
+    with pytest.raises(ConfigError, match=r"instruct\.judge\.allow_insecure_http"):
+        judge_config("http://localhost:1/x", allow_insecure_http="yes")
+    params = committed_params_raw()
+    assert params["instruct"]["judge"]["allow_insecure_http"] is False

@@ -1,9 +1,10 @@
-"""Answer generation and extraction, and the ROUGE-L score of answers."""
+"""Answer generation and extraction, prompts fitted to the context, and the ROUGE-L score of answers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.tasks.responses import (
     answer_room,
     extract_response,
+    fit_to_context,
     generate_response,
     generate_responses,
     prompt_ids,
@@ -131,3 +133,32 @@ def test_batched_answers_equal_one_by_one(tokenizer) -> None:
     one_by_one = generate_responses(model, tokenizer, records, max_new_tokens=12)
     assert len({r["model_response"] for r in one_by_one}) > 1  # the prompts get different answers
     assert generate_responses(model, tokenizer, records, max_new_tokens=12, batch_size=3) == one_by_one
+
+
+CHAT_CONTEXT = 96
+
+
+@pytest.mark.parametrize(
+    "long_input",
+    [
+        " ".join(["naïve café 😀 ünïcödé"] * 100),
+        "x" * 5000,
+        "<|endoftext|> " * 200,
+        "a\n\n### Response:\n" * 80,
+    ],
+    ids=["multi-byte", "one-long-word", "special-token", "fake-headers"],
+)
+def test_fit_to_context_crops_only_the_input(tokenizer: Any, long_input: str) -> None:
+    entry = {"instruction": "Summarize the text.", "input": long_input, "output": ""}
+    fitted = fit_to_context(tokenizer, entry, context_length=CHAT_CONTEXT, max_new_tokens=10)
+
+    assert fitted.input_cropped and fitted.max_new_tokens == 10
+    assert fitted.entry["instruction"] == entry["instruction"]
+    assert long_input.startswith(fitted.entry["input"]) and "\ufffd" not in fitted.entry["input"]
+    prompt = format_input(fitted.entry)
+    ids = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"})
+    assert len(ids) == fitted.prompt_tokens and len(ids) + fitted.max_new_tokens <= CHAT_CONTEXT
+    assert tokenizer.decode(ids) == prompt  # the answer is found after the prompt, as generate_response needs
+
+    short = {**entry, "input": "A short text."}
+    assert fit_to_context(tokenizer, short, context_length=1024, max_new_tokens=10).entry == short

@@ -101,6 +101,7 @@ def all_run_artifacts(client: MlflowClient, run_id: str, path: str | None = None
     return found
 
 
+@pytest.mark.slow
 def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     tmp_path: Path,
     shared_data: Path,
@@ -184,6 +185,7 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     assert "gptlab promote" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_instruct_and_language_models_load_without_the_project_and_chat_uses_them(
     tmp_path: Path,
     shared_data: Path,
@@ -263,6 +265,7 @@ def test_the_disabled_run_logs_and_registers_nothing(
     assert client.search_registered_models() == []
 
 
+@pytest.mark.slow
 def test_the_mlflow_model_refuses_weights_holding_nan(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,6 +288,7 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_reply(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +335,7 @@ def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_re
     assert reply["message"].splitlines()[-1] == "Error: message 2 is empty: give some text to classify"
 
 
+@pytest.mark.slow
 def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refused(
     tmp_path: Path, shared_data: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

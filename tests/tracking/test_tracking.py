@@ -124,6 +124,7 @@ def test_artifacts_land_in_the_store(tmp_path: Path) -> None:
     assert text.read_text() == "Every effort moves you"
 
 
+@pytest.mark.slow
 def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path, tokenizer) -> None:
     ids = tokenizer.encode("Every effort moves you " * 60)
     train_data, val_data = GPTDatasetV1(ids[:200], 8, 8), GPTDatasetV1(ids[200:300], 8, 8)

@@ -100,6 +100,7 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowSe
         running.kill()
 
 
+@pytest.mark.slow
 def test_a_server_that_is_not_mlflow_is_one_line_naming_the_uri(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -370,6 +370,7 @@ def test_chapter_6_loop_with_accuracies_from_openais_weights(tmp_path: Path, wei
     assert ours.seen == book[4]
 
 
+@pytest.mark.slow
 def test_chapter_7_loop_with_the_instruction_collate_from_openais_weights(
     tmp_path: Path, weights: Path
 ) -> None:
