@@ -232,6 +232,7 @@ def test_precision_auto_resolves_by_hardware() -> None:
     assert resolve_precision(cpu, "auto") == ("bf16" if has_bf16 else "fp32")
 
 
+@pytest.mark.slow  # torch.compile, or a training run: seconds each
 def test_fit_with_the_fast_settings_trains(tmp_path: Path) -> None:
     """precision auto and the chunked loss run through the real training loop, resumable as ever."""
     cfg = dataclasses.replace(TRAIN, precision="auto", loss_kernel="chunked", max_steps=4)
@@ -240,6 +241,7 @@ def test_fit_with_the_fast_settings_trains(tmp_path: Path) -> None:
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
 
 
+@pytest.mark.slow  # torch.compile, or a training run: seconds each
 @pytest.mark.parametrize("named", [None, "own-cache"])
 def test_compiled_code_is_cached_in_the_project_unless_the_user_names_a_folder(
     tmp_path: Path, named: str | None
@@ -259,6 +261,7 @@ def test_compiled_code_is_cached_in_the_project_unless_the_user_names_a_folder(
     assert shown.stdout.strip() == str(expected)
 
 
+@pytest.mark.slow  # torch.compile, or a training run: seconds each
 def test_a_compile_that_fails_trains_eager_after_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -58,6 +58,7 @@ def test_tied_head_with_qkv_bias_matches_openai_count() -> None:
     assert n_params(model) == 124_439_808
 
 
+@pytest.mark.slow  # GPT-2 small at full size
 @pytest.mark.parametrize("attention", ["sdpa", "masked_softmax"])
 def test_seeded_gpt2_small_continues_like_the_book(gpt2_small: GPTModel, attention: str) -> None:
     # Chapter 4 prints "Hello, I am Featureiman Byeswickattribute argue" for this model.
