@@ -80,10 +80,10 @@ def test_committed_spam_sweep_holds_the_books_variants() -> None:
 
 def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     """The smoke profile trains every layer (spam.trainable: all): the variants override it, each its own way."""
-    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
     sweep = load_sweep(
-        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, profile_name="smoke", name="spam-smoke"
+        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, PROJECT_ROOT / "profiles" / "smoke.yaml"
     )
+    assert sweep.name == "spam-smoke" and sweep.profile == "smoke"
     # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
     assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
     trains = {v: (p["spam.trainable"], p["spam.trainable_blocks"]) for v, p in sweep.effective.items()}
@@ -161,12 +161,15 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
             },
         },
     )
-    profile = {
-        "gpt2": {"source": "pretrain"},
-        "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
-    }
-    sweep = load_sweep(path, PARAMS, profile=profile)
-    assert sweep.name == "mine"
+    profile = write_sweep(
+        tmp_path / "ours.yaml",
+        {
+            "gpt2": {"source": "pretrain"},
+            "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
+        },
+    )
+    sweep = load_sweep(path, PARAMS, profile)
+    assert sweep.name == "mine-ours" and load_sweep(path, PARAMS, profile, "theirs").name == "theirs"
     # Every swept key is pinned: the profile's trainable is lora's, so plain takes params.yaml's;
     # the base's epochs win over the profile's; the profile's pooling is no variant's, so it stays.
     assert sweep.variants["plain"] == {
@@ -182,7 +185,7 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
         "spam.train.epochs": 3,
     }
     assert sweep.effective["first"]["spam.trainable_blocks"] == 1  # params.yaml's, untouched by anyone
-    assert sweep.experiment("lora") == "mine-lora"
+    assert sweep.experiment("lora") == "mine-ours-lora"
 
 
 @pytest.mark.parametrize(
@@ -203,7 +206,7 @@ def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
 ) -> None:
     path = write_sweep(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
     with pytest.raises(InputError, match=message):
-        load_sweep(path, PARAMS, profile=profile, profile_name="p" if profile else None)
+        load_sweep(path, PARAMS, write_sweep(tmp_path / "p.yaml", profile) if profile else None)
 
 
 class FakeDvc:
@@ -241,15 +244,16 @@ def tiny_sweep(tmp_path: Path) -> Sweep:
     )
 
 
-def test_names_taken_by_earlier_experiments_need_replace(tiny_sweep: Sweep) -> None:
+def test_names_taken_by_earlier_experiments_need_replace(
+    tiny_sweep: Sweep, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = FakeDvc([{"s-a": "success"}])
     with pytest.raises(GptlabError, match="pass --replace"):
-        queue(tiny_sweep, fake, out=io.StringIO())
+        queue(tiny_sweep, fake)
     assert not fake.calls
 
     fake = FakeDvc([{"s-a": "failed"}, {}])
-    out = io.StringIO()
-    queue(tiny_sweep, fake, replace=True, out=out)
+    queue(tiny_sweep, fake, replace=True)
     assert fake.calls[0] == ("exp", "remove", "s-a")
     queued = [c for c in fake.calls if c[:3] == ("exp", "run", "--queue")]
     assert [c[4] for c in queued] == ["s-a", "s-b"] and all(c[-1] == "spam-finetune" for c in queued)
@@ -263,14 +267,17 @@ def test_names_taken_by_earlier_experiments_need_replace(tiny_sweep: Sweep) -> N
         'tracking.sweep_variant="a"',
     )
     assert 'spam.trainable="lora"' in queued[1]
-    assert "queued s-a: the base settings" in out.getvalue()
-    assert 'queued s-b: spam.trainable="lora"' in out.getvalue()
+    out = capsys.readouterr().out
+    assert "removed the earlier s-a" in out and "queued s-a: the base settings" in out
+    assert 'queued s-b: spam.trainable="lora"' in out
 
     with pytest.raises(GptlabError, match="are running"):
-        queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True, out=io.StringIO())
+        queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True)
 
 
-def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(tiny_sweep: Sweep) -> None:
+def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(
+    tiny_sweep: Sweep, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = FakeDvc(
         [
             {"s-a": "queued", "s-b": "queued"},
@@ -279,11 +286,10 @@ def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(tiny_swee
             {"s-a": "success", "s-b": "failed"},
         ]
     )
-    out = io.StringIO()
-    found = run_queue(tiny_sweep, fake, jobs=3, poll_seconds=0, out=out)
+    found = run_queue(tiny_sweep, fake, jobs=3, poll_seconds=0)
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
     assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
-    assert "s-b: failed (2/2 done)" in out.getvalue()
+    assert "s-b: failed (2/2 done)" in capsys.readouterr().out
 
 
 def test_a_passing_exp_show_failure_while_workers_start_is_polled_again(tiny_sweep: Sweep) -> None:
@@ -291,23 +297,17 @@ def test_a_passing_exp_show_failure_while_workers_start_is_polled_again(tiny_swe
         "`dvc exp show --json ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
     )
     fake = FakeDvc([{"s-a": "running", "s-b": "queued"}, vanished, {"s-a": "success", "s-b": "success"}])
-    found = run_queue(tiny_sweep, fake, jobs=2, poll_seconds=0, out=io.StringIO())
+    found = run_queue(tiny_sweep, fake, jobs=2, poll_seconds=0)
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "success"}
 
     with pytest.raises(GptlabError, match="does not exist"):
-        run_queue(
-            tiny_sweep,
-            FakeDvc([{"s-a": "running"}, *[vanished] * 6]),
-            jobs=2,
-            poll_seconds=0,
-            out=io.StringIO(),
-        )
+        run_queue(tiny_sweep, FakeDvc([{"s-a": "running"}, *[vanished] * 6]), jobs=2, poll_seconds=0)
 
 
 def test_a_queue_without_workers_is_an_error_not_a_hang(tiny_sweep: Sweep) -> None:
     fake = FakeDvc([{"s-a": "queued", "s-b": "queued"}], workers=(0, 0))
     with pytest.raises(GptlabError, match="no worker"):
-        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0, out=io.StringIO())
+        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0)
 
 
 CHAPTER_6 = {  # the effective params a row holds (those the table reads)
@@ -452,9 +452,10 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     monkeypatch.chdir(tmp_path)
 
     # What each variant is queued with: the swept keys pinned, over the profile's.
-    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", profile={"spam": {"trainable": "all"}})
+    everything = tmp_path / "profiles" / "everything.yaml"
+    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", everything, name="blocks")
     fake = FakeDvc([{}])
-    queue(sweep, fake, out=io.StringIO())
+    queue(sweep, fake)
     queued = {c[4]: c for c in fake.calls if c[:3] == ("exp", "run", "--queue")}
     assert {"-S", 'spam.trainable="last_blocks"', "spam.trainable_blocks=1"} <= set(
         queued["blocks-last_block"]
@@ -664,7 +665,7 @@ def test_a_queue_without_progress_is_given_up_after_the_timeout(tiny_sweep: Swee
     with pytest.raises(
         GptlabError, match=r"did not finish within 0.3 s \(--timeout\); its experiments go on"
     ):
-        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0.01, timeout=0.3, out=io.StringIO())
+        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0.01, timeout=0.3)
     assert time.monotonic() - started < 5
 
 
