@@ -22,32 +22,31 @@ from gptlab.tracking.runs import prepare_store, sweep_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
-    parser.add_argument(
-        "--profile", help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke"
-    )
-    parser.add_argument(
-        "--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
+    add("--profile", help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke")
+    add("--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)")
+    add(
         "--name",
         help="the sweep's name: prefix of its experiments, its MLflow tag and table file (default: the file's name, plus -PROFILE with --profile)",
     )
-    for flag, help_text in (
-        (
-            "--replace",
-            "remove earlier experiments of the same names first (default: refuse to run over them)",
-        ),
-        ("--collect", "queue and run nothing: write the table from the sweep's experiments as they are"),
-    ):
-        parser.add_argument(flag, action="store_true", help=help_text)
-    parser.add_argument(
+    add(
+        "--replace",
+        action="store_true",
+        help="remove earlier experiments of the same names first (default: refuse to run over them)",
+    )
+    add(
+        "--collect",
+        action="store_true",
+        help="queue and run nothing: write the table from the sweep's experiments as they are",
+    )
+    add(
         "--timeout",
         type=float,
         default=sweeps.QUEUE_TIMEOUT_S,
         help="stop waiting for the queue after this many seconds (default: %(default)g, a day); the experiments go on, --collect writes the table later",
     )
-    parser.add_argument("--out", type=Path, help="folder for <sweep>.md and .csv (default: reports/sweeps)")
+    add("--out", type=Path, help="folder for <sweep>.md and .csv (default: reports/sweeps)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,10 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--jobs: expected 1 or more, got {args.jobs}")
     if not args.timeout > 0:
         raise InputError(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True
-    )
-    if not (commit := head.stdout.strip()):
+    head = ["git", "rev-parse", "--short", "HEAD"]
+    if not (commit := subprocess.run(head, cwd=project, capture_output=True, text=True).stdout.strip()):
         raise GptlabError(
             "gptlab sweep runs DVC experiments, which start from a git commit: run it in a git repository with at least one commit"
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -108,14 +109,14 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
         for key in flatten(changes):
             compared.setdefault(key, set()).add(_canonical(values.get(key)))
     from_profile = load_overrides(profile, params_file) if profile else {}
-    common = merge_overrides(nested(from_profile), spec.base)
+    common = merge_overrides(_nested(from_profile), spec.base)
     usual, without = typed(common, "base"), typed(spec.base, "base")
     replaced = set(from_profile) - set(flatten(spec.base))  # the profile's own: a swept value may replace it
     restored = {k: without[k] for k in compared if k in replaced and _canonical(usual.get(k)) in compared[k]}
     variants, effective, seen = {}, {}, {}
     for variant, changes in spec.variants.items():
         pins = {k: restored.get(k, usual[k]) for k in compared if k in usual and k not in flatten(changes)}
-        layered = merge_overrides(merge_overrides(common, nested(pins)), changes)
+        layered = merge_overrides(merge_overrides(common, _nested(pins)), changes)
         variants[variant], effective[variant] = flatten(layered), typed(layered, f"variants.{variant}")
         if (twin := seen.setdefault(_canonical(effective[variant]), variant)) != variant:
             on = f" on the {profile.stem} profile" if profile else ""
@@ -136,15 +137,12 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     """{a.b: 1} -> {a: {b: 1}}: flat overrides laid out like params.yaml again."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
         *parents, last = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        functools.reduce(lambda node, part: node.setdefault(part, {}), parents, tree)[last] = value
     return tree
 
 
@@ -176,8 +174,8 @@ class Dvc:
         # Output goes to files: `dvc queue start`'s workers inherit them, and a pipe would wait for those.
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             try:
-                where = {"cwd": self.project, "env": self.env, "timeout": self.timeout}
-                code = subprocess.run([self.dvc, *args], stdout=out, stderr=err, **where).returncode
+                options = {"cwd": self.project, "env": self.env, "timeout": self.timeout}
+                code = subprocess.run([self.dvc, *args], stdout=out, stderr=err, **options).returncode
             except subprocess.TimeoutExpired:
                 raise GptlabError(
                     f"{command} did not finish within {self.timeout:g} s and was stopped: is another dvc command holding the project? (`dvc queue status`)"
@@ -418,8 +416,7 @@ def _csv_value(value: Any) -> str:
 
 
 def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str | None, csv_name: str) -> str:
-    stage, name, notes = sweep.file.stage, sweep.name, sweep.file.notes
-    columns = STAGE_COLUMNS[stage]
+    stage, notes, columns = sweep.file.stage, sweep.file.notes, STAGE_COLUMNS[sweep.file.stage]
     others = [key for key in rows[0] if "." in key and key not in SETTING_KEYS[stage]]  # params: dotted keys
     header = ["variant", *settings(stage, rows[0]), *(f"`{key}`" for key in others)]
     table = [[*header, *(c.title for c in columns), "training time", "status", *(["note"] if notes else [])]]
@@ -435,10 +432,10 @@ def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str 
     done = sum(row["status"] == "success" for row in rows)
     params = {row["variant"]: {key: value for key, value in row.items() if "." in key} for row in rows}
     paragraphs = [
-        f"# Sweep `{name}`: {stage}, {len(rows)} variants",
+        f"# Sweep `{sweep.name}`: {stage}, {len(rows)} variants",
         sweep.file.description.strip(),
         f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`{on}; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. The same rows, with full precision and every param as it is, are in `{csv_name}`.",
-        f"Each row is one DVC experiment, `{name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
+        f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
         *coincidences(sweep, params),
         "\n".join(lines),
     ]
