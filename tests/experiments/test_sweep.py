@@ -42,7 +42,7 @@ from helpers import PROJECT_ROOT, copy_project, dvc, git, write_committed_params
 PARAMS = PROJECT_ROOT / "params.yaml"
 
 
-def write_sweep(path: Path, data: dict[str, Any]) -> Path:
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -145,11 +145,11 @@ def test_sweep_file_mistakes_are_refused_naming_the_key_and_the_file(
     tmp_path: Path, data: Any, message: str
 ) -> None:
     with pytest.raises((InputError, ConfigError), match=message.replace(".", r"\.").replace("(", r"\(")):
-        load_sweep(write_sweep(tmp_path / "s.yaml", data), PARAMS)
+        load_sweep(write_yaml(tmp_path / "s.yaml", data), PARAMS)
 
 
 def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Path) -> None:
-    path = write_sweep(
+    path = write_yaml(
         tmp_path / "mine.yaml",
         {
             "stage": "spam-finetune",
@@ -161,7 +161,7 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
             },
         },
     )
-    profile = write_sweep(
+    profile = write_yaml(
         tmp_path / "ours.yaml",
         {
             "gpt2": {"source": "pretrain"},
@@ -204,9 +204,9 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
 def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
     tmp_path: Path, variants: dict[str, Any], profile: dict[str, Any] | None, message: str
 ) -> None:
-    path = write_sweep(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
+    path = write_yaml(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
     with pytest.raises(InputError, match=message):
-        load_sweep(path, PARAMS, write_sweep(tmp_path / "p.yaml", profile) if profile else None)
+        load_sweep(path, PARAMS, write_yaml(tmp_path / "p.yaml", profile) if profile else None)
 
 
 class FakeDvc:
@@ -240,7 +240,7 @@ class FakeDvc:
 def tiny_sweep(tmp_path: Path) -> Sweep:
     variants = {"a": {}, "b": {"spam": {"trainable": "lora"}}}
     return load_sweep(
-        write_sweep(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
     )
 
 
@@ -326,7 +326,7 @@ CHAPTER_6 = {  # the effective params a row holds (those the table reads)
 def test_table_shows_each_variants_effective_settings_and_marks_failures(tmp_path: Path) -> None:
     variants = {"a": {}, "b": {"spam": {"trainable": "lora", "train": {"lr": 0.001}}}}
     sweep = load_sweep(
-        write_sweep(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
     )
     metrics = {"reports/spam/metrics.json": {"train": {"accuracy": 0.5}, "test": {"accuracy": 0.25}}}
     found = {
@@ -394,7 +394,7 @@ def test_the_table_of_a_sweep_with_notes_and_a_description(tmp_path: Path) -> No
         "variants": {"all": {}, "lora": {"instruct": {"trainable": "lora"}}},
         "notes": {"lora": "appendix E | adapters"},
     }
-    sweep = load_sweep(write_sweep(tmp_path / "i.yaml", data), PARAMS)
+    sweep = load_sweep(write_yaml(tmp_path / "i.yaml", data), PARAMS)
     markdown = to_markdown(sweep, table_rows(sweep), commit=None, csv_name="i.csv")
     assert markdown.startswith("# Sweep `i`: instruct-finetune, 2 variants\n\nEvery weight against LoRA.\n\n")
     assert (
@@ -415,7 +415,7 @@ def test_sweep_outside_a_git_repository_is_refused(
 
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "sweeps").mkdir()
-    write_sweep(tmp_path / "sweeps" / "s.yaml", {"stage": "spam-finetune", "variants": {"a": {}}})
+    write_yaml(tmp_path / "sweeps" / "s.yaml", {"stage": "spam-finetune", "variants": {"a": {}}})
     write_committed_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
@@ -430,7 +430,7 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     from gptlab.cli.main import main
 
     (tmp_path / "sweeps").mkdir()
-    sweep_file = write_sweep(
+    sweep_file = write_yaml(
         tmp_path / "sweeps" / "blocks.yaml",
         {
             "stage": "spam-finetune",
@@ -482,7 +482,7 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
         assert f"| `{variant}` | {trains} | OpenAI's gpt2-small | last |" in markdown
 
     # A variant that adds nothing to the profile's setting is refused before anything is queued.
-    write_sweep(
+    write_yaml(
         sweep_file,
         {"stage": "spam-finetune", "variants": {"mine": {}, "again": {"spam": {"pooling": "last"}}}},
     )
@@ -542,7 +542,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     (project / "params.yaml").write_text(
         yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
     )
-    write_sweep(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
+    write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
     env = {
         **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
         # The copy's own code, not the editable install's; this interpreter's tools on PATH.
