@@ -42,7 +42,7 @@ from helpers import PROJECT_ROOT, copy_project, dvc, git, write_committed_params
 PARAMS = PROJECT_ROOT / "params.yaml"
 
 
-def write_sweep(path: Path, data: dict[str, Any]) -> Path:
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -80,10 +80,10 @@ def test_committed_spam_sweep_holds_the_books_variants() -> None:
 
 def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     """The smoke profile trains every layer (spam.trainable: all): the variants override it, each its own way."""
-    smoke = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text())
     sweep = load_sweep(
-        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, profile=smoke, profile_name="smoke", name="spam-smoke"
+        PROJECT_ROOT / "sweeps" / "spam.yaml", PARAMS, PROJECT_ROOT / "profiles" / "smoke.yaml"
     )
+    assert sweep.name == "spam-smoke" and sweep.profile == "smoke"
     # `all` is all_layers' setting: the others take params.yaml's; the tiny model's lr is no variant's.
     assert sweep.profile_overridden == {"spam.trainable": "last_blocks"}
     trains = {v: (p["spam.trainable"], p["spam.trainable_blocks"]) for v, p in sweep.effective.items()}
@@ -145,11 +145,11 @@ def test_sweep_file_mistakes_are_refused_naming_the_key_and_the_file(
     tmp_path: Path, data: Any, message: str
 ) -> None:
     with pytest.raises((InputError, ConfigError), match=message.replace(".", r"\.").replace("(", r"\(")):
-        load_sweep(write_sweep(tmp_path / "s.yaml", data), PARAMS)
+        load_sweep(write_yaml(tmp_path / "s.yaml", data), PARAMS)
 
 
 def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Path) -> None:
-    path = write_sweep(
+    path = write_yaml(
         tmp_path / "mine.yaml",
         {
             "stage": "spam-finetune",
@@ -161,12 +161,15 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
             },
         },
     )
-    profile = {
-        "gpt2": {"source": "pretrain"},
-        "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
-    }
-    sweep = load_sweep(path, PARAMS, profile=profile)
-    assert sweep.name == "mine"
+    profile = write_yaml(
+        tmp_path / "ours.yaml",
+        {
+            "gpt2": {"source": "pretrain"},
+            "spam": {"trainable": "lora", "pooling": "mean", "train": {"lr": 0.01, "epochs": 7}},
+        },
+    )
+    sweep = load_sweep(path, PARAMS, profile)
+    assert sweep.name == "mine-ours" and load_sweep(path, PARAMS, profile, "theirs").name == "theirs"
     # Every swept key is pinned: the profile's trainable is lora's, so plain takes params.yaml's;
     # the base's epochs win over the profile's; the profile's pooling is no variant's, so it stays.
     assert sweep.variants["plain"] == {
@@ -182,7 +185,7 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
         "spam.train.epochs": 3,
     }
     assert sweep.effective["first"]["spam.trainable_blocks"] == 1  # params.yaml's, untouched by anyone
-    assert sweep.experiment("lora") == "mine-lora"
+    assert sweep.experiment("lora") == "mine-ours-lora"
 
 
 @pytest.mark.parametrize(
@@ -201,9 +204,9 @@ def test_variants_lay_their_overrides_over_the_base_and_the_profile(tmp_path: Pa
 def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
     tmp_path: Path, variants: dict[str, Any], profile: dict[str, Any] | None, message: str
 ) -> None:
-    path = write_sweep(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
+    path = write_yaml(tmp_path / "twins.yaml", {"stage": "spam-finetune", "variants": variants})
     with pytest.raises(InputError, match=message):
-        load_sweep(path, PARAMS, profile=profile, profile_name="p" if profile else None)
+        load_sweep(path, PARAMS, write_yaml(tmp_path / "p.yaml", profile) if profile else None)
 
 
 class FakeDvc:
@@ -237,19 +240,20 @@ class FakeDvc:
 def tiny_sweep(tmp_path: Path) -> Sweep:
     variants = {"a": {}, "b": {"spam": {"trainable": "lora"}}}
     return load_sweep(
-        write_sweep(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
     )
 
 
-def test_names_taken_by_earlier_experiments_need_replace(tiny_sweep: Sweep) -> None:
+def test_names_taken_by_earlier_experiments_need_replace(
+    tiny_sweep: Sweep, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = FakeDvc([{"s-a": "success"}])
     with pytest.raises(GptlabError, match="pass --replace"):
-        queue(tiny_sweep, fake, out=io.StringIO())
+        queue(tiny_sweep, fake)
     assert not fake.calls
 
     fake = FakeDvc([{"s-a": "failed"}, {}])
-    out = io.StringIO()
-    queue(tiny_sweep, fake, replace=True, out=out)
+    queue(tiny_sweep, fake, replace=True)
     assert fake.calls[0] == ("exp", "remove", "s-a")
     queued = [c for c in fake.calls if c[:3] == ("exp", "run", "--queue")]
     assert [c[4] for c in queued] == ["s-a", "s-b"] and all(c[-1] == "spam-finetune" for c in queued)
@@ -263,14 +267,17 @@ def test_names_taken_by_earlier_experiments_need_replace(tiny_sweep: Sweep) -> N
         'tracking.sweep_variant="a"',
     )
     assert 'spam.trainable="lora"' in queued[1]
-    assert "queued s-a: the base settings" in out.getvalue()
-    assert 'queued s-b: spam.trainable="lora"' in out.getvalue()
+    out = capsys.readouterr().out
+    assert "removed the earlier s-a" in out and "queued s-a: the base settings" in out
+    assert 'queued s-b: spam.trainable="lora"' in out
 
     with pytest.raises(GptlabError, match="are running"):
-        queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True, out=io.StringIO())
+        queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True)
 
 
-def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(tiny_sweep: Sweep) -> None:
+def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(
+    tiny_sweep: Sweep, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = FakeDvc(
         [
             {"s-a": "queued", "s-b": "queued"},
@@ -279,11 +286,10 @@ def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(tiny_swee
             {"s-a": "success", "s-b": "failed"},
         ]
     )
-    out = io.StringIO()
-    found = run_queue(tiny_sweep, fake, jobs=3, poll_seconds=0, out=out)
+    found = run_queue(tiny_sweep, fake, jobs=3, poll_seconds=0)
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
     assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
-    assert "s-b: failed (2/2 done)" in out.getvalue()
+    assert "s-b: failed (2/2 done)" in capsys.readouterr().out
 
 
 def test_a_passing_exp_show_failure_while_workers_start_is_polled_again(tiny_sweep: Sweep) -> None:
@@ -291,23 +297,17 @@ def test_a_passing_exp_show_failure_while_workers_start_is_polled_again(tiny_swe
         "`dvc exp show --json ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
     )
     fake = FakeDvc([{"s-a": "running", "s-b": "queued"}, vanished, {"s-a": "success", "s-b": "success"}])
-    found = run_queue(tiny_sweep, fake, jobs=2, poll_seconds=0, out=io.StringIO())
+    found = run_queue(tiny_sweep, fake, jobs=2, poll_seconds=0)
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "success"}
 
     with pytest.raises(GptlabError, match="does not exist"):
-        run_queue(
-            tiny_sweep,
-            FakeDvc([{"s-a": "running"}, *[vanished] * 6]),
-            jobs=2,
-            poll_seconds=0,
-            out=io.StringIO(),
-        )
+        run_queue(tiny_sweep, FakeDvc([{"s-a": "running"}, *[vanished] * 6]), jobs=2, poll_seconds=0)
 
 
 def test_a_queue_without_workers_is_an_error_not_a_hang(tiny_sweep: Sweep) -> None:
     fake = FakeDvc([{"s-a": "queued", "s-b": "queued"}], workers=(0, 0))
     with pytest.raises(GptlabError, match="no worker"):
-        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0, out=io.StringIO())
+        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0)
 
 
 CHAPTER_6 = {  # the effective params a row holds (those the table reads)
@@ -326,7 +326,7 @@ CHAPTER_6 = {  # the effective params a row holds (those the table reads)
 def test_table_shows_each_variants_effective_settings_and_marks_failures(tmp_path: Path) -> None:
     variants = {"a": {}, "b": {"spam": {"trainable": "lora", "train": {"lr": 0.001}}}}
     sweep = load_sweep(
-        write_sweep(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
     )
     metrics = {"reports/spam/metrics.json": {"train": {"accuracy": 0.5}, "test": {"accuracy": 0.25}}}
     found = {
@@ -394,7 +394,7 @@ def test_the_table_of_a_sweep_with_notes_and_a_description(tmp_path: Path) -> No
         "variants": {"all": {}, "lora": {"instruct": {"trainable": "lora"}}},
         "notes": {"lora": "appendix E | adapters"},
     }
-    sweep = load_sweep(write_sweep(tmp_path / "i.yaml", data), PARAMS)
+    sweep = load_sweep(write_yaml(tmp_path / "i.yaml", data), PARAMS)
     markdown = to_markdown(sweep, table_rows(sweep), commit=None, csv_name="i.csv")
     assert markdown.startswith("# Sweep `i`: instruct-finetune, 2 variants\n\nEvery weight against LoRA.\n\n")
     assert (
@@ -415,7 +415,7 @@ def test_sweep_outside_a_git_repository_is_refused(
 
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "sweeps").mkdir()
-    write_sweep(tmp_path / "sweeps" / "s.yaml", {"stage": "spam-finetune", "variants": {"a": {}}})
+    write_yaml(tmp_path / "sweeps" / "s.yaml", {"stage": "spam-finetune", "variants": {"a": {}}})
     write_committed_params(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
@@ -430,7 +430,7 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     from gptlab.cli.main import main
 
     (tmp_path / "sweeps").mkdir()
-    sweep_file = write_sweep(
+    sweep_file = write_yaml(
         tmp_path / "sweeps" / "blocks.yaml",
         {
             "stage": "spam-finetune",
@@ -452,9 +452,10 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     monkeypatch.chdir(tmp_path)
 
     # What each variant is queued with: the swept keys pinned, over the profile's.
-    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", profile={"spam": {"trainable": "all"}})
+    everything = tmp_path / "profiles" / "everything.yaml"
+    sweep = load_sweep(sweep_file, tmp_path / "params.yaml", everything, name="blocks")
     fake = FakeDvc([{}])
-    queue(sweep, fake, out=io.StringIO())
+    queue(sweep, fake)
     queued = {c[4]: c for c in fake.calls if c[:3] == ("exp", "run", "--queue")}
     assert {"-S", 'spam.trainable="last_blocks"', "spam.trainable_blocks=1"} <= set(
         queued["blocks-last_block"]
@@ -481,7 +482,7 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
         assert f"| `{variant}` | {trains} | OpenAI's gpt2-small | last |" in markdown
 
     # A variant that adds nothing to the profile's setting is refused before anything is queued.
-    write_sweep(
+    write_yaml(
         sweep_file,
         {"stage": "spam-finetune", "variants": {"mine": {}, "again": {"spam": {"pooling": "last"}}}},
     )
@@ -541,7 +542,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     (project / "params.yaml").write_text(
         yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
     )
-    write_sweep(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
+    write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
     env = {
         **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
         # The copy's own code, not the editable install's; this interpreter's tools on PATH.
@@ -664,7 +665,7 @@ def test_a_queue_without_progress_is_given_up_after_the_timeout(tiny_sweep: Swee
     with pytest.raises(
         GptlabError, match=r"did not finish within 0.3 s \(--timeout\); its experiments go on"
     ):
-        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0.01, timeout=0.3, out=io.StringIO())
+        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0.01, timeout=0.3)
     assert time.monotonic() - started < 5
 
 

@@ -16,50 +16,41 @@ from pathlib import Path
 
 from gptlab.errors import GptlabError, InputError, describe_failure
 from gptlab.experiments import sweep as sweeps
-from gptlab.experiments.profiles import dvc_executable, experiment_env, load_overrides, profile_path
+from gptlab.experiments.profiles import dvc_executable, experiment_env, profile_path
 from gptlab.experiments.smoke import source_commit_env
 from gptlab.tracking.runs import prepare_store, sweep_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
-    parser.add_argument(
-        "--profile",
-        metavar="PROFILE",
-        help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke",
-    )
-    parser.add_argument(
-        "--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
+    add("--profile", help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke")
+    add("--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)")
+    add(
         "--name",
-        help="the sweep's name: prefix of its experiments, its MLflow tag and table file "
-        "(default: the file's name, plus -PROFILE with --profile)",
+        help="the sweep's name: prefix of its experiments, its MLflow tag and table file (default: the file's name, plus -PROFILE with --profile)",
     )
-    parser.add_argument(
+    add(
         "--replace",
         action="store_true",
         help="remove earlier experiments of the same names first (default: refuse to run over them)",
     )
-    parser.add_argument(
+    add(
         "--collect",
         action="store_true",
         help="queue and run nothing: write the table from the sweep's experiments as they are",
     )
-    parser.add_argument(
+    add(
         "--timeout",
         type=float,
         default=sweeps.QUEUE_TIMEOUT_S,
-        help="stop waiting for the queue after this many seconds (default: %(default)g, a day); "
-        "the experiments go on, --collect writes the table later",
+        help="stop waiting for the queue after this many seconds (default: %(default)g, a day); the experiments go on, --collect writes the table later",
     )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="folder for <sweep>.md and .csv (default: reports/sweeps)"
-    )
+    add("--out", type=Path, help="folder for <sweep>.md and .csv (default: reports/sweeps)")
 
 
 def run(args: argparse.Namespace) -> int:
-    project, params = Path.cwd(), Path.cwd() / "params.yaml"
+    project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
         raise GptlabError("dvc.yaml not found: run `gptlab sweep` from the project root")
     if args.jobs < 1:
@@ -67,21 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise InputError(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
     head = ["git", "rev-parse", "--short", "HEAD"]
-    commit = subprocess.run(head, cwd=project, capture_output=True, text=True, check=False).stdout.strip()
-    if not commit:
+    if not (commit := subprocess.run(head, cwd=project, capture_output=True, text=True).stdout.strip()):
         raise GptlabError(
-            "gptlab sweep runs DVC experiments, which start from a git commit: "
-            "run it in a git repository with at least one commit"
+            "gptlab sweep runs DVC experiments, which start from a git commit: run it in a git repository with at least one commit"
         )
-    path = sweeps.sweep_path(args.sweep)
-    profile = profile_path(args.profile) if args.profile else None
-    sweep = sweeps.load_sweep(
-        path,
-        params,
-        profile=sweeps.nested(load_overrides(profile, params)) if profile else None,
-        profile_name=profile.stem if profile else None,
-        name=args.name or "-".join(p.stem for p in (path, profile) if p),
-    )
+    path, profile = sweeps.sweep_path(args.sweep), profile_path(args.profile) if args.profile else None
+    sweep = sweeps.load_sweep(path, project / "params.yaml", profile, args.name)
     dvc = sweeps.Dvc(project, {**experiment_env(project), **source_commit_env(project)}, dvc_executable())
     print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.file.stage} from {path}", flush=True)
     for note in sweeps.coincidences(sweep, sweep.effective):
@@ -98,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 found = sweeps.run_queue(sweep, dvc, jobs=args.jobs, timeout=args.timeout)
         except KeyboardInterrupt:
             print(
-                f"\nstopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with "
-                f"`dvc queue kill NAME`); `gptlab sweep {args.sweep} --name {sweep.name} --collect` "
-                "writes the table once they are done",
+                f"\nstopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with `dvc queue kill NAME`); `gptlab sweep {args.sweep} --name {sweep.name} --collect` writes the table once they are done",
                 file=sys.stderr,
             )
             return 130
@@ -115,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     csv_path, md_path = sweeps.write_table(sweep, rows, args.out or sweeps.SWEEP_REPORTS, commit=commit)
     print(f"\nwrote {md_path} and {csv_path}")
     print(
-        f"compare them with `dvc exp show` (experiments {sweep.name}-*) or in the MLflow UI: "
-        f"filter `tags.gptlab.sweep = '{sweep.name}'`"
+        f"compare them with `dvc exp show` (experiments {sweep.name}-*) or in the MLflow UI: filter `tags.gptlab.sweep = '{sweep.name}'`"
     )
     for row in (failed := [row for row in rows if row["status"] != "success"]):
         hint = f"`dvc queue logs {row['experiment']}`" if row["status"] == "failed" else "not run"

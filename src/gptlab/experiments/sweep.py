@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from gptlab.errors import GptlabError, InputError
-from gptlab.experiments.profiles import merge_overrides, named_yaml, set_arguments
+from gptlab.experiments.profiles import load_overrides, merge_overrides, named_yaml, set_arguments
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
@@ -38,6 +38,7 @@ SWEEPS_DIR, SWEEP_REPORTS, SWEEP_LOCK = Path("sweeps"), REPORTS / "sweeps", Path
 DVC_CALL_TIMEOUT_S = 300.0  # one dvc command: `dvc exp show` waiting on a lock would wait forever
 QUEUE_TIMEOUT_S = 24 * 3600.0  # the default `gptlab sweep --timeout`
 SHOW_ATTEMPTS = 5  # consecutive failed `dvc exp show` polls before the wait gives up
+DONE = ("success", "failed")  # the states a variant's experiment ends in
 _NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
 _OWN_KEYS = ("tracking.sweep", "tracking.sweep_variant")  # the sweep's and the variant's names
 
@@ -84,19 +85,16 @@ def sweep_path(name_or_path: str | Path) -> Path:
     return named_yaml(name_or_path, SWEEPS_DIR, "sweep file", "sweeps")
 
 
-def load_sweep(
-    path: Path,
-    params_file: Path,
-    *,
-    profile: Mapping[str, Any] | None = None,
-    profile_name: str | None = None,
-    name: str | None = None,
-) -> Sweep:
-    """Read a sweep file, pin its swept keys in every variant and check each against the params schema."""
-    raw, params, profile = read_yaml(path), read_yaml(params_file), dict(profile or {})
+def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name: str | None = None) -> Sweep:
+    """Read a sweep file, pin its swept keys in every variant and check each against the params schema.
+
+    The sweep is `name`, else the file's name, plus -PROFILE on a profile (laid under every variant).
+    """
+    raw, params = read_yaml(path), read_yaml(params_file)
+    name = name or "-".join(p.stem for p in (path, profile) if p)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with `stage` and `variants`")
-    spec, name = _built(SweepFile, raw, str(path)), name or path.stem
+    spec = _built(SweepFile, raw, str(path))
     if not _NAME.fullmatch(name.replace("-", "_")):
         raise InputError(
             f"sweep name {name!r}: use lowercase letters, digits, '_' and '-' (it prefixes the DVC experiment names)"
@@ -110,23 +108,22 @@ def load_sweep(
         values = typed(changes, f"variants.{variant}")
         for key in flatten(changes):
             compared.setdefault(key, set()).add(_canonical(values.get(key)))
-    common = merge_overrides(profile, spec.base)
+    from_profile = load_overrides(profile, params_file) if profile else {}
+    common = merge_overrides(_nested(from_profile), spec.base)
     usual, without = typed(common, "base"), typed(spec.base, "base")
-    from_profile = set(flatten(profile)) - set(flatten(spec.base))
-    overridden = {
-        k: without[k] for k in compared if k in from_profile and _canonical(usual.get(k)) in compared[k]
-    }
+    replaced = set(from_profile) - set(flatten(spec.base))  # the profile's own: a swept value may replace it
+    restored = {k: without[k] for k in compared if k in replaced and _canonical(usual.get(k)) in compared[k]}
     variants, effective, seen = {}, {}, {}
     for variant, changes in spec.variants.items():
-        pins = {k: overridden.get(k, usual[k]) for k in compared if k in usual and k not in flatten(changes)}
-        layered = merge_overrides(merge_overrides(common, nested(pins)), changes)
+        pins = {k: restored.get(k, usual[k]) for k in compared if k in usual and k not in flatten(changes)}
+        layered = merge_overrides(merge_overrides(common, _nested(pins)), changes)
         variants[variant], effective[variant] = flatten(layered), typed(layered, f"variants.{variant}")
         if (twin := seen.setdefault(_canonical(effective[variant]), variant)) != variant:
-            on = f" on the {profile_name} profile" if profile_name else ""
+            on = f" on the {profile.stem} profile" if profile else ""
             raise InputError(
                 f"{path}: variants {twin} and {variant} run with the same params{on}: give one of them a setting of its own, or drop it"
             )
-    return Sweep(name, spec, path, profile_name, variants, effective, overridden)
+    return Sweep(name, spec, path, profile.stem if profile else None, variants, effective, restored)
 
 
 def _built(cls: type[T], data: Any, where: str) -> T:
@@ -140,15 +137,12 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     """{a.b: 1} -> {a: {b: 1}}: flat overrides laid out like params.yaml again."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
         *parents, last = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        functools.reduce(lambda node, part: node.setdefault(part, {}), parents, tree)[last] = value
     return tree
 
 
@@ -166,27 +160,22 @@ class Experiment:
     metrics: dict[str, Any] = field(default_factory=dict)  # its DVC metrics files' data, by file
 
 
+@dataclass(frozen=True)
 class Dvc:
     """The dvc commands of a sweep, in the project and the experiments' environment, each bounded."""
 
-    def __init__(
-        self, project: Path, env: Mapping[str, str], dvc: str = "dvc", timeout: float = DVC_CALL_TIMEOUT_S
-    ) -> None:
-        self.project, self.env, self.dvc, self.timeout = project, dict(env), dvc, timeout
+    project: Path
+    env: Mapping[str, str]
+    dvc: str = "dvc"
+    timeout: float = DVC_CALL_TIMEOUT_S
 
     def __call__(self, *args: str, check: bool = True) -> str:
         command = f"`dvc {' '.join(args[:3])} ...`"
         # Output goes to files: `dvc queue start`'s workers inherit them, and a pipe would wait for those.
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             try:
-                done = subprocess.run(
-                    [self.dvc, *args],
-                    cwd=self.project,
-                    env=self.env,
-                    stdout=out,
-                    stderr=err,
-                    timeout=self.timeout,
-                )
+                options = {"cwd": self.project, "env": self.env, "timeout": self.timeout}
+                code = subprocess.run([self.dvc, *args], stdout=out, stderr=err, **options).returncode
             except subprocess.TimeoutExpired:
                 raise GptlabError(
                     f"{command} did not finish within {self.timeout:g} s and was stopped: is another dvc command holding the project? (`dvc queue status`)"
@@ -194,9 +183,9 @@ class Dvc:
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), err.read()
-        if check and done.returncode:
+        if check and code:
             said = " / ".join((stderr.strip() or stdout.strip()).splitlines()[-3:])
-            raise GptlabError(f"{command} failed (exit {done.returncode}): {said}")
+            raise GptlabError(f"{command} failed (exit {code}): {said}")
         return stdout
 
     def experiments(self) -> dict[str, Experiment]:
@@ -219,15 +208,13 @@ class Dvc:
 
 def sweep_lock(project: Path, name: str) -> contextlib.AbstractContextManager[None]:
     """One sweep at a time: sweeps share DVC's queue and its locks, and a second could wait forever."""
-    (project / SWEEP_LOCK).parent.mkdir(parents=True, exist_ok=True)
+    (lock := project / SWEEP_LOCK).parent.mkdir(parents=True, exist_ok=True)
     refusal = "another gptlab sweep is running in this project ({}): sweeps share DVC's queue, so run one at a time; wait for it (`dvc queue status`) or stop it, then rerun"
     holder = f"sweep {name}, pid {os.getpid()}"
-    return exclusive_lock(
-        project / SWEEP_LOCK, holder, lambda held: refusal.format(held or "another process")
-    )
+    return exclusive_lock(lock, holder, lambda held: refusal.format(held or "another process"))
 
 
-def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False, out: Any = sys.stdout) -> None:
+def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
     """Queue each variant with `dvc exp run --queue`; names taken already need `replace`."""
     names = {sweep.experiment(v) for v in sweep.variants}
     for _attempt in range(5):  # DVC queues a name twice (it checks finished experiments only)
@@ -242,25 +229,18 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False, out: Any = sys.stdou
                 f"experiments named {', '.join(taken)} exist already: pass --replace to remove them and run the sweep again, or --name to run it under another name"
             )
         dvc("exp", "remove", *taken)
-        print(f"removed the earlier {', '.join(taken)}", file=out, flush=True)
+        print(f"removed the earlier {', '.join(taken)}", flush=True)
     else:
         raise GptlabError(f"could not remove the earlier experiments named {', '.join(sorted(names))}")
     for variant, overrides in sweep.variants.items():
-        own = {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
-        arguments = set_arguments({**overrides, **own})
-        dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *arguments, sweep.file.stage)
+        own = set_arguments({**overrides, "tracking.sweep": sweep.name, "tracking.sweep_variant": variant})
+        dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *own, sweep.file.stage)
         shown = " ".join(f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items())
-        print(f"queued {sweep.experiment(variant)}: {shown or 'the base settings'}", file=out, flush=True)
+        print(f"queued {sweep.experiment(variant)}: {shown or 'the base settings'}", flush=True)
 
 
 def run_queue(
-    sweep: Sweep,
-    dvc: Dvc,
-    *,
-    jobs: int,
-    poll_seconds: float = 5.0,
-    timeout: float = QUEUE_TIMEOUT_S,
-    out: Any = sys.stdout,
+    sweep: Sweep, dvc: Dvc, *, jobs: int, poll_seconds: float = 5.0, timeout: float = QUEUE_TIMEOUT_S
 ) -> dict[str, Experiment]:
     """`dvc queue start --jobs N`, then wait until every variant succeeded or failed, saying each change.
 
@@ -280,9 +260,9 @@ def run_queue(
         for name in names:
             if seen[name] != (state := found[name].state if name in found else "queued"):
                 seen[name] = state
-                done = sum(s in ("success", "failed") for s in seen.values())
-                print(f"  {name}: {state or 'unknown'} ({done}/{len(names)} done)", file=out, flush=True)
-        if all(state in ("success", "failed") for state in seen.values()):
+                done = sum(s in DONE for s in seen.values())
+                print(f"  {name}: {state or 'unknown'} ({done}/{len(names)} done)", flush=True)
+        if all(state in DONE for state in seen.values()):
             return found
         if time.monotonic() - started > timeout:
             raise GptlabError(
@@ -352,21 +332,13 @@ def settings(stage: str, p: Mapping[str, Any]) -> dict[str, str]:
     name = p.get(f"{task}.base_model")
     # load-gpt2 converts this pipeline's own pretrained model under every base model's name
     model = f"models/pretrain (as {name})" if p.get("gpt2.source") == PRETRAIN_SOURCE else f"OpenAI's {name}"
-    if p.get(f"{task}.base_weights") == "random":
-        model += ": its architecture, random weights"
+    model += ": its architecture, random weights" if p.get(f"{task}.base_weights") == "random" else ""
+    described = {"trains": trains, "base model": model}
     if task == "instruct":
-        length = f"{p.get('instruct.allowed_max_length')} tokens"
-        return {"trains": trains, "base model": model, "max length": length}
-    length = p.get("spam.max_length")
-    length = {None: "longest training message", "context": "the model's context"}.get(
-        length, f"{length} tokens"
-    )
-    return {
-        "trains": trains,
-        "base model": model,
-        "pooling": str(p.get("spam.pooling")),
-        "max length": length,
-    }
+        return described | {"max length": f"{p.get('instruct.allowed_max_length')} tokens"}
+    words = {None: "longest training message", "context": "the model's context"}  # spam.max_length's
+    length = words.get(p.get("spam.max_length"), f"{p.get('spam.max_length')} tokens")
+    return described | {"pooling": str(p.get("spam.pooling")), "max length": length}
 
 
 def collect(
@@ -377,10 +349,9 @@ def collect(
     The params (the dotted keys) are what it ran with (not run: what it will): those the settings
     read, then the others some variant sets whose values differ between the rows.
     """
-    exps = {
-        v: found.get(sweep.experiment(v), Experiment(sweep.experiment(v), "missing")) for v in sweep.variants
-    }
-    params = {v: exp.params or sweep.effective[v] for v, exp in exps.items()}
+    named = {variant: sweep.experiment(variant) for variant in sweep.variants}
+    exps = {variant: found.get(name) or Experiment(name, "missing") for variant, name in named.items()}
+    params = {variant: exp.params or sweep.effective[variant] for variant, exp in exps.items()}
     keys = list(SETTING_KEYS[sweep.file.stage])
     for key in dict.fromkeys(k for overrides in sweep.variants.values() for k in overrides):
         if key not in keys and len({_canonical(p.get(key, "<unset>")) for p in params.values()}) > 1:
@@ -403,9 +374,7 @@ def collect(
 
 def _report_at(project: Path, rev: str | None, file: str) -> Any:
     """A JSON report as the experiment's commit holds it (a stage's plain output, no DVC metric)."""
-    shown = subprocess.run(
-        ["git", "show", f"{rev}:{file}"], cwd=project, capture_output=True, text=True, check=False
-    )
+    shown = subprocess.run(["git", "show", f"{rev}:{file}"], cwd=project, capture_output=True, text=True)
     with contextlib.suppress(json.JSONDecodeError):
         return json.loads(shown.stdout) if shown.returncode == 0 else None
     return None
@@ -421,24 +390,22 @@ def coincidences(sweep: Sweep, params: Mapping[str, Mapping[str, Any]]) -> list[
         f"The `{sweep.profile}` profile's `{key}` is a setting this sweep compares: the variants that set no `{key}` take params.yaml's `{json.dumps(value)}` instead, so each row is the variant its name says."
         for key, value in sweep.profile_overridden.items()
     ]
-    base_model = f"{sweep.file.stage.removesuffix('-finetune')}.base_model"
-    groups: dict[str, list[str]] = {}
+    base_model, groups = f"{sweep.file.stage.removesuffix('-finetune')}.base_model", {}
     for variant, values in params.items():
         if values.get("gpt2.source") == PRETRAIN_SOURCE:
-            rest = {key: value for key, value in values.items() if key != base_model}
-            groups.setdefault(_canonical(rest), []).append(variant)
-    return said + [
-        f"{' and '.join(f'`{v}`' for v in group)} train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
-        for group in groups.values()
-        if len(group) > 1
-    ]
+            rest = _canonical({key: value for key, value in values.items() if key != base_model})
+            groups.setdefault(rest, []).append(variant)
+    for group in (group for group in groups.values() if len(group) > 1):
+        said.append(
+            f"{' and '.join(f'`{v}`' for v in group)} train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
+        )
+    return said
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({key: _csv_value(value) for key, value in row.items()} for row in rows)
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerows([list(rows[0]), *(map(_csv_value, row.values()) for row in rows)])
     return buffer.getvalue()
 
 
@@ -449,51 +416,34 @@ def _csv_value(value: Any) -> str:
 
 
 def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str | None, csv_name: str) -> str:
-    stage, name, notes, columns = (
-        sweep.file.stage,
-        sweep.name,
-        sweep.file.notes,
-        STAGE_COLUMNS[sweep.file.stage],
-    )
+    stage, notes, columns = sweep.file.stage, sweep.file.notes, STAGE_COLUMNS[sweep.file.stage]
     others = [key for key in rows[0] if "." in key and key not in SETTING_KEYS[stage]]  # params: dotted keys
-    header = [
-        "variant",
-        *settings(stage, rows[0]),
-        *(f"`{key}`" for key in others),
-        *(c.title for c in columns),
-        "training time",
-        "status",
-        *(["note"] if notes else []),
-    ]
-    done = sum(row["status"] == "success" for row in rows)
-    on = f" on the `{sweep.profile}` profile" if sweep.profile else ""
-    lines = [f"# Sweep `{name}`: {stage}, {len(rows)} variants", ""]
-    lines += [sweep.file.description.strip(), ""] if sweep.file.description.strip() else []
-    lines += [
-        f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`{on}; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. The same rows, with full precision and every param as it is, are in `{csv_name}`.",
-        "",
-        f"Each row is one DVC experiment, `{name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
-        "",
-    ]
-    params = {row["variant"]: {key: value for key, value in row.items() if "." in key} for row in rows}
-    for paragraph in coincidences(sweep, params):
-        lines += [paragraph, ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    header = ["variant", *settings(stage, rows[0]), *(f"`{key}`" for key in others)]
+    table = [[*header, *(c.title for c in columns), "training time", "status", *(["note"] if notes else [])]]
     for row in rows:
-        cells = [
-            f"`{row['variant']}`",
-            *settings(stage, row).values(),
-            *(
-                json.dumps(row[key]) if row[key] is None or isinstance(row[key], bool) else str(row[key])
-                for key in others
-            ),
-            *(_md_number(row[c.name], c.percent) for c in columns),
-            "—" if row["wall_seconds"] is None else f"{row['wall_seconds']:.1f} s",
-            f"failed (`dvc queue logs {row['experiment']}`)" if row["status"] == "failed" else row["status"],
-            *([notes.get(row["variant"], "")] if notes else []),
-        ]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+        logs = f" (`dvc queue logs {row['experiment']}`)" if row["status"] == "failed" else ""
+        took = "—" if row["wall_seconds"] is None else f"{row['wall_seconds']:.1f} s"
+        cells = [f"`{row['variant']}`", *settings(stage, row).values(), *map(_md_param, map(row.get, others))]
+        cells += [*(_md_number(row[c.name], c.percent) for c in columns), took, row["status"] + logs]
+        table.append(cells + ([notes.get(row["variant"], "")] if notes else []))
+    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in table]
+    lines.insert(1, "|" + "---|" * len(table[0]))
+    on = f" on the `{sweep.profile}` profile" if sweep.profile else ""
+    done = sum(row["status"] == "success" for row in rows)
+    params = {row["variant"]: {key: value for key, value in row.items() if "." in key} for row in rows}
+    paragraphs = [
+        f"# Sweep `{sweep.name}`: {stage}, {len(rows)} variants",
+        sweep.file.description.strip(),
+        f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`{on}; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. The same rows, with full precision and every param as it is, are in `{csv_name}`.",
+        f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
+        *coincidences(sweep, params),
+        "\n".join(lines),
+    ]
+    return "\n\n".join(filter(None, paragraphs)) + "\n"
+
+
+def _md_param(value: Any) -> str:
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
 def _md_number(value: Any, percent: bool) -> str:
@@ -507,8 +457,8 @@ def write_table(
 ) -> tuple[Path, Path]:
     """<out_dir>/<sweep>.csv and .md, each replaced in one step."""
     csv_path, md_path = out_dir / f"{sweep.name}.csv", out_dir / f"{sweep.name}.md"
-    with atomic_path(csv_path) as tmp:
-        tmp.write_text(to_csv(rows), encoding="utf-8")
-    with atomic_path(md_path) as tmp:
-        tmp.write_text(to_markdown(sweep, rows, commit=commit, csv_name=csv_path.name), encoding="utf-8")
+    markdown = to_markdown(sweep, rows, commit=commit, csv_name=csv_path.name)
+    for path, text in ((csv_path, to_csv(rows)), (md_path, markdown)):
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     return csv_path, md_path
