@@ -188,7 +188,7 @@ def source_commit_env(project: Path) -> dict[str, str]:
 
 def run_profile(project: Path, profile: Path, workdir: Path, fresh: bool = False) -> Path:
     """Run every stage with the profile's overrides; returns the workspace's reports folder."""
-    check_workdir(project, workdir)
+    check_workdir(project, workdir)  # before the lock file is made beside it (prepare_workspace checks again)
     overrides = load_overrides(profile, project / "params.yaml")
     with workspace_lock(workdir):
         return _run_in_workspace(project, profile, workdir, overrides, fresh)
