@@ -611,6 +611,38 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     assert again.returncode == 2 and "--replace" in again.stderr
 
 
+def test_a_sweep_file_and_a_profile_may_come_through_pipes(tmp_path: Path) -> None:
+    """`gptlab sweep <(...) --profile <(...)`: pipes are read like files; their names say nothing, so --name."""
+    from gptlab.experiments.profiles import load_overrides, profile_path
+    from gptlab.experiments.sweep import sweep_path
+
+    opened: list[int] = []
+
+    def piped(text: str) -> Path:
+        read_end, write_end = os.pipe()
+        os.write(write_end, text.encode())
+        os.close(write_end)
+        opened.append(read_end)
+        return Path(f"/dev/fd/{read_end}")
+
+    spec = {"stage": "spam-finetune", "variants": {"a": {}, "b": {"spam": {"trainable": "lora"}}}}
+    smoke = PROJECT_ROOT / "profiles" / "smoke.yaml"
+    try:
+        sweep_pipe, profile_pipe = piped(yaml.safe_dump(spec)), piped(smoke.read_text())
+        with pytest.raises(
+            InputError, match=r"/dev/fd/\d+ is a pipe, whose name says nothing: name the sweep with --name"
+        ):
+            load_sweep(sweep_path(sweep_pipe), PARAMS, profile_path(profile_pipe))
+        piped_sweep = load_sweep(sweep_path(sweep_pipe), PARAMS, profile_path(profile_pipe), "tiny")
+        assert load_overrides(profile_path(piped(smoke.read_text())), PARAMS) == load_overrides(smoke, PARAMS)
+    finally:
+        for fd in opened:
+            os.close(fd)
+    from_files = load_sweep(write_yaml(tmp_path / "s.yaml", spec), PARAMS, smoke, "tiny")
+    assert piped_sweep.name == "tiny" and piped_sweep.variants == from_files.variants
+    assert sweep_path("-") == profile_path("-") == Path("/dev/stdin")
+
+
 # --------------------------------------------------------------------------- bounded waits (issue 23, case 8)
 
 

@@ -23,8 +23,15 @@ from gptlab.tracking.runs import prepare_store, sweep_runs
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
-    add("--profile", help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke")
+    add(
+        "sweep",
+        metavar="NAME",
+        help="sweeps/NAME.yaml, or a path to a sweep file (a pipe too, with --name; '-' for stdin)",
+    )
+    add(
+        "--profile",
+        help="profiles/PROFILE.yaml (or a path, a pipe too): overrides under every variant, e.g. smoke",
+    )
     add("--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)")
     add(
         "--name",

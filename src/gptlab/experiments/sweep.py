@@ -90,6 +90,10 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
 
     The sweep is `name`, else the file's name, plus -PROFILE on a profile (laid under every variant).
     """
+    if name is None and (piped := [str(p) for p in (path, profile) if p and not p.is_file()]):
+        raise InputError(
+            f"{piped[0]} is a pipe, whose name says nothing: name the sweep with --name (it prefixes the DVC experiment names)"
+        )
     raw, params = read_yaml(path), read_yaml(params_file)
     name = name or "-".join(p.stem for p in (path, profile) if p)
     if not isinstance(raw, dict):
