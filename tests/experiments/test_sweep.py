@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Dvc,
     Experiment,
+    Stopped,
     Sweep,
     coincidences,
     collect,
@@ -273,6 +275,71 @@ def test_names_taken_by_earlier_experiments_need_replace(
 
     with pytest.raises(GptlabError, match="are running"):
         queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True)
+
+
+class SignalledDvc(FakeDvc):
+    """A FakeDvc whose second `dvc exp run --queue` gets a real signal sent to this process while it runs."""
+
+    def __init__(self, signum: int, removal_fails: bool = False) -> None:
+        super().__init__([{}])
+        self.signum, self.removal_fails = signum, removal_fails
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        super().__call__(*args, check=check)
+        if args[:3] == ("exp", "run", "--queue") and args[4] == "s-b":
+            os.kill(os.getpid(), self.signum)  # the command in flight goes on: its handler only records it
+        if args[:2] == ("queue", "remove") and self.removal_fails:
+            raise GptlabError("`dvc queue remove s-a s-b ...` failed (exit 255): ERROR: lock held")
+        return ""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_sweep_stopped_while_queuing_removes_what_it_queued(
+    tiny_sweep: Sweep, signum: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = SignalledDvc(signum)
+    with pytest.raises(Stopped) as stopped:
+        queue(tiny_sweep, fake)
+    # The queuing in flight finished, then what was queued left the queue, and nothing was started.
+    assert fake.calls[-1] == ("queue", "remove", "s-a", "s-b")
+    assert not [c for c in fake.calls if c[:2] == ("queue", "start")]
+    assert stopped.value.signum == signum and stopped.value.note == "removed s-a, s-b from DVC's queue"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are back as they were
+    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+    assert "queued s-b" in capsys.readouterr().out
+
+
+def test_a_stopped_sweep_that_cannot_remove_its_tasks_says_the_command_that_does(tiny_sweep: Sweep) -> None:
+    with pytest.raises(Stopped) as stopped:
+        queue(tiny_sweep, SignalledDvc(signal.SIGTERM, removal_fails=True))
+    assert stopped.value.note.startswith("s-a, s-b are still queued (`dvc queue remove")
+    assert stopped.value.note.endswith("remove them with `dvc queue remove s-a s-b`")
+
+
+def test_a_failure_while_queuing_removes_what_was_queued(tiny_sweep: Sweep) -> None:
+    class FailingDvc(FakeDvc):
+        def __call__(self, *args: str, check: bool = True) -> str:
+            super().__call__(*args, check=check)
+            if args[:3] == ("exp", "run", "--queue") and args[4] == "s-b":
+                raise GptlabError("`dvc exp run --queue --name ...` failed (exit 1): ERROR: no space left")
+            return ""
+
+    fake = FailingDvc([{}])
+    with pytest.raises(GptlabError, match=r"no space left; removed s-a from DVC's queue$"):
+        queue(tiny_sweep, fake)
+    assert fake.calls[-1] == ("queue", "remove", "s-a")
+
+
+def test_the_rerun_after_a_stopped_sweep_names_the_command_that_clears_its_queued_tasks(
+    tiny_sweep: Sweep,
+) -> None:
+    with pytest.raises(GptlabError) as refused:
+        queue(tiny_sweep, FakeDvc([{"s-a": "queued", "s-b": "queued"}]))
+    assert "`dvc queue remove s-a s-b` removes them" in str(refused.value)
+    assert "pass --replace" in str(refused.value)
+    with pytest.raises(GptlabError) as refused:
+        queue(tiny_sweep, FakeDvc([{"s-a": "success"}]))
+    assert "dvc queue remove" not in str(refused.value)
 
 
 def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(
