@@ -710,6 +710,72 @@ def test_a_sweep_file_and_a_profile_may_come_through_pipes(tmp_path: Path) -> No
     assert sweep_path("-") == profile_path("-") == Path("/dev/stdin")
 
 
+@pytest.mark.slow
+def test_a_real_sweep_stopped_by_sigterm_while_queuing_leaves_nothing_queued(tmp_path: Path) -> None:
+    """`gptlab sweep` with the real dvc: SIGTERM once it has queued a variant; then a leftover blocks a rerun."""
+    project = tmp_path / "project"
+    copy_project(project)
+    variants = {f"v{n}": {"spam": {"train": {"seed": n}}} for n in range(5)}
+    write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": variants})
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "stop"]
+    sweep = subprocess.Popen(
+        gptlab, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert sweep.stdout is not None
+        for line in sweep.stdout:  # each variant takes a `dvc exp run --queue` of its own: seconds
+            if line.startswith("queued stop-v0"):
+                sweep.send_signal(signal.SIGTERM)
+                break
+        out, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 143, out + err
+    stopped = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and stopped.startswith(
+        "stopped by SIGTERM while queuing the variants: removed stop-v0"
+    )
+    assert stopped.endswith("from DVC's queue") and "queued stop-v4" not in out
+    # Nothing of the sweep is left in DVC's queue, and the workspace is as committed.
+    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    assert not [
+        e
+        for row in shown
+        for e in (row.get("experiments") or [])
+        if (e.get("name") or "").startswith("stop-")
+    ]
+    assert "stop-" not in dvc(project, "queue", "status", env=env).stdout
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True)
+    assert status.stdout == ""
+
+    # A task left queued (as by a sweep killed with SIGKILL) blocks the rerun, which names the fix.
+    dvc(
+        project,
+        "exp",
+        "run",
+        "--queue",
+        "--name",
+        "stop-v1",
+        "-S",
+        "spam.train.seed=1",
+        "spam-finetune",
+        env=env,
+    )
+    again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
+    assert "`dvc queue remove stop-v1` removes them" in again.stderr
+    dvc(project, "queue", "remove", "stop-v1", env=env)
+    assert "stop-v1" not in dvc(project, "queue", "status", env=env).stdout
+
+
 # --------------------------------------------------------------------------- bounded waits (issue 23, case 8)
 
 
