@@ -283,6 +283,16 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     assert "\n" not in str(info.value)
 
 
+def test_a_bad_input_keeps_its_one_line_through_the_scoring_servers_rewrite() -> None:
+    """MLflow's scoring server prefixes the message with the whole input; the reply keeps the line alone."""
+    from gptlab.tracking.pyfunc_models import BadModelInput
+
+    error = BadModelInput("batch_size: expected 1 to 65536, got 0")
+    error.message = f"Failed to predict data '  text\n0  hi'. \nError: {error.message}"  # as the server does
+    assert json.loads(error.serialize_as_json())["message"] == "batch_size: expected 1 to 65536, got 0"
+    assert error.get_http_status_code() == 400 and isinstance(error, ValueError)
+
+
 def one_line_refusal(status: int, reply: dict, line: str) -> None:
     """A 400 whose message is exactly `line`: no stack trace, no server path, none of the request echoed."""
     assert status == 400, reply

@@ -208,9 +208,9 @@ class BadModelInput(MlflowException, ValueError):
     As an MlflowException (INVALID_PARAMETER_VALUE), `mlflow models serve` replies 400 with
     this message and without the stack trace it attaches to any other error; as a ValueError,
     `mlflow.pyfunc` callers catch it as before. The scoring server rewrites the message of an
-    MlflowException to "Failed to predict data '<the whole input>'. \nError: <message>": lines
-    of the caller's own data before the one that says what is wrong. The message is set once
-    here, so the reply holds that one line.
+    MlflowException to "Failed to predict data '<the whole input>'. Error: <message>" (on two
+    lines, the input printed as a table): the caller's own data before what is wrong. The
+    message is set once here, so the reply holds that one line.
     """
 
     def __init__(self, message: str) -> None:
