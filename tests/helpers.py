@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +264,60 @@ def one_line_error(capsys: pytest.CaptureFixture[str], command: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"gptlab {command}: "), err
     return lines[0]
+
+
+@contextlib.contextmanager
+def served_model(uri: str, cwd: Path, env: Mapping[str, str]) -> Iterator[str]:
+    """`mlflow models serve` on `uri` (this environment, one worker) until /ping answers: its base URL.
+
+    Stopped after the block with SIGTERM to its process group, SIGKILL if it lingers; every wait bounded.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mlflow_cli = Path(sys.executable).parent / "mlflow"
+    command = [str(mlflow_cli), "models", "serve", "-m", uri, "--env-manager", "local"]
+    log_path = cwd / "serve.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [*command, "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
+            cwd=cwd,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, led by its PID: stopped with its workers
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, log_path.read_text()[-3000:]
+                with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+                assert time.monotonic() < deadline, "the server did not answer /ping within 120 s"
+                time.sleep(1)
+            yield url
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, sig)
+                try:
+                    server.wait(timeout=30)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            with contextlib.suppress(ProcessLookupError):  # a worker that outlived the leader
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+def invoke(url: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+    """POST `body` as JSON to the served model's /invocations: the HTTP status and the reply's JSON."""
+    request = urllib.request.Request(
+        f"{url}/invocations", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

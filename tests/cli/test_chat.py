@@ -86,11 +86,11 @@ def test_chat_huge_max_new_tokens_is_capped(
     capsys: pytest.CaptureFixture[str],
     generate_calls: list[tuple[torch.Tensor, int]],
 ) -> None:
-    assert chat(chat_model, shared_data, "Say something.", "--max-new-tokens", "100000") == 0
+    assert chat(chat_model, shared_data, "Say something.", "--max-new-tokens", "10000") == 0
     err = capsys.readouterr().err
     ((idx, max_new),) = generate_calls
     assert idx.shape[1] + max_new == CHAT_CONTEXT
-    assert f"--max-new-tokens 100000 capped at {max_new}" in err
+    assert f"--max-new-tokens 10000 capped at {max_new}" in err
 
 
 def test_chat_empty_answer_says_why(

@@ -1,14 +1,25 @@
-"""`gptlab classify` reads messages from arguments, a file or stdin, and names a line that is not UTF-8."""
+"""`gptlab classify` reads messages from arguments, a file, a pipe or stdin, and names a line that is not UTF-8."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptlab.cli.classify import _read_texts
 from gptlab.cli.main import main
+from gptlab.model.checkpoint import save_model
+from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
+from gptlab.tasks.classifier import make_classifier
 
 from helpers import one_line_error
 
@@ -44,3 +55,50 @@ def test_classify_reads_utf8_lines_from_a_file_or_stdin(
     assert _read_texts(["first"], str(messages)) == ["first", "voilà", "free prize 😀"]
     monkeypatch.setattr("sys.stdin", io.StringIO("from a text stream\n"))  # no .buffer: already text
     assert _read_texts([], "-") == ["from a text stream"]
+
+
+def test_classify_reads_a_pipe_and_a_fifo_as_files(tmp_path: Path) -> None:
+    """`--file <(command)` names a pipe (/dev/fd/N); a FIFO is one with a name: both are read to their end."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "wb") as writer:
+        writer.write(b"from a pipe\n\nsecond line\n")
+    try:
+        assert _read_texts([], f"/dev/fd/{read_end}") == ["from a pipe", "second line"]
+    finally:
+        os.close(read_end)
+
+    fifo = tmp_path / "messages.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=("through a fifo\n",), daemon=True)
+    writer.start()
+    assert _read_texts(["first"], str(fifo)) == ["first", "through a fifo"]
+    writer.join(timeout=10)
+    with pytest.raises(FileNotFoundError, match="--file .*gone: no such file"):
+        _read_texts([], str(tmp_path / "gone"))
+
+
+@pytest.mark.slow
+def test_classify_reads_process_substitution_dev_stdin_and_dash_in_a_real_shell(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """As a user types it, in bash: `--file <(echo ...)`, `... | --file /dev/stdin` and `... | --file -`."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    model = make_classifier(build_gpt(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
+    save_model(
+        model, tmp_path / "clf", {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "last"}
+    )
+    gptlab = f"{shlex.quote(sys.executable)} -m gptlab.cli.main classify --json --model {tmp_path / 'clf'} --raw-dir {shared_data}"
+    script = "\n".join(
+        [
+            "set -e",
+            f"{gptlab} --file <(printf 'win a prize\\nsee you soon\\n')",
+            f"printf 'win a prize\\nsee you soon\\n' | {gptlab} --file /dev/stdin",
+            f"printf 'win a prize\\nsee you soon\\n' | {gptlab} --file -",
+        ]
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["text"] for row in rows] == ["win a prize", "see you soon"] * 3
+    assert rows[:2] == rows[2:4] == rows[4:]

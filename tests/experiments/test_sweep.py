@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Dvc,
     Experiment,
+    Stopped,
     Sweep,
     coincidences,
     collect,
@@ -273,6 +275,71 @@ def test_names_taken_by_earlier_experiments_need_replace(
 
     with pytest.raises(GptlabError, match="are running"):
         queue(tiny_sweep, FakeDvc([{"s-b": "running"}]), replace=True)
+
+
+class SignalledDvc(FakeDvc):
+    """A FakeDvc whose second `dvc exp run --queue` gets a real signal sent to this process while it runs."""
+
+    def __init__(self, signum: int, removal_fails: bool = False) -> None:
+        super().__init__([{}])
+        self.signum, self.removal_fails = signum, removal_fails
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        super().__call__(*args, check=check)
+        if args[:3] == ("exp", "run", "--queue") and args[4] == "s-b":
+            os.kill(os.getpid(), self.signum)  # the command in flight goes on: its handler only records it
+        if args[:2] == ("queue", "remove") and self.removal_fails:
+            raise GptlabError("`dvc queue remove s-a s-b ...` failed (exit 255): ERROR: lock held")
+        return ""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_sweep_stopped_while_queuing_removes_what_it_queued(
+    tiny_sweep: Sweep, signum: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = SignalledDvc(signum)
+    with pytest.raises(Stopped) as stopped:
+        queue(tiny_sweep, fake)
+    # The queuing in flight finished, then what was queued left the queue, and nothing was started.
+    assert fake.calls[-1] == ("queue", "remove", "s-a", "s-b")
+    assert not [c for c in fake.calls if c[:2] == ("queue", "start")]
+    assert stopped.value.signum == signum and stopped.value.note == "removed s-a, s-b from DVC's queue"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are back as they were
+    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+    assert "queued s-b" in capsys.readouterr().out
+
+
+def test_a_stopped_sweep_that_cannot_remove_its_tasks_says_the_command_that_does(tiny_sweep: Sweep) -> None:
+    with pytest.raises(Stopped) as stopped:
+        queue(tiny_sweep, SignalledDvc(signal.SIGTERM, removal_fails=True))
+    assert stopped.value.note.startswith("s-a, s-b are still queued (`dvc queue remove")
+    assert stopped.value.note.endswith("remove them with `dvc queue remove s-a s-b`")
+
+
+def test_a_failure_while_queuing_removes_what_was_queued(tiny_sweep: Sweep) -> None:
+    class FailingDvc(FakeDvc):
+        def __call__(self, *args: str, check: bool = True) -> str:
+            super().__call__(*args, check=check)
+            if args[:3] == ("exp", "run", "--queue") and args[4] == "s-b":
+                raise GptlabError("`dvc exp run --queue --name ...` failed (exit 1): ERROR: no space left")
+            return ""
+
+    fake = FailingDvc([{}])
+    with pytest.raises(GptlabError, match=r"no space left; removed s-a from DVC's queue$"):
+        queue(tiny_sweep, fake)
+    assert fake.calls[-1] == ("queue", "remove", "s-a")
+
+
+def test_the_rerun_after_a_stopped_sweep_names_the_command_that_clears_its_queued_tasks(
+    tiny_sweep: Sweep,
+) -> None:
+    with pytest.raises(GptlabError) as refused:
+        queue(tiny_sweep, FakeDvc([{"s-a": "queued", "s-b": "queued"}]))
+    assert "`dvc queue remove s-a s-b` removes them" in str(refused.value)
+    assert "pass --replace" in str(refused.value)
+    with pytest.raises(GptlabError) as refused:
+        queue(tiny_sweep, FakeDvc([{"s-a": "success"}]))
+    assert "dvc queue remove" not in str(refused.value)
 
 
 def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(
@@ -609,6 +676,104 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     # A second run under the same name is refused unless asked to replace the first.
     again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "--replace" in again.stderr
+
+
+def test_a_sweep_file_and_a_profile_may_come_through_pipes(tmp_path: Path) -> None:
+    """`gptlab sweep <(...) --profile <(...)`: pipes are read like files; their names say nothing, so --name."""
+    from gptlab.experiments.profiles import load_overrides, profile_path
+    from gptlab.experiments.sweep import sweep_path
+
+    opened: list[int] = []
+
+    def piped(text: str) -> Path:
+        read_end, write_end = os.pipe()
+        os.write(write_end, text.encode())
+        os.close(write_end)
+        opened.append(read_end)
+        return Path(f"/dev/fd/{read_end}")
+
+    spec = {"stage": "spam-finetune", "variants": {"a": {}, "b": {"spam": {"trainable": "lora"}}}}
+    smoke = PROJECT_ROOT / "profiles" / "smoke.yaml"
+    try:
+        sweep_pipe, profile_pipe = piped(yaml.safe_dump(spec)), piped(smoke.read_text())
+        with pytest.raises(
+            InputError, match=r"/dev/fd/\d+ is a pipe, whose name says nothing: name the sweep with --name"
+        ):
+            load_sweep(sweep_path(sweep_pipe), PARAMS, profile_path(profile_pipe))
+        piped_sweep = load_sweep(sweep_path(sweep_pipe), PARAMS, profile_path(profile_pipe), "tiny")
+        assert load_overrides(profile_path(piped(smoke.read_text())), PARAMS) == load_overrides(smoke, PARAMS)
+    finally:
+        for fd in opened:
+            os.close(fd)
+    from_files = load_sweep(write_yaml(tmp_path / "s.yaml", spec), PARAMS, smoke, "tiny")
+    assert piped_sweep.name == "tiny" and piped_sweep.variants == from_files.variants
+    assert sweep_path("-") == profile_path("-") == Path("/dev/stdin")
+
+
+@pytest.mark.slow
+def test_a_real_sweep_stopped_by_sigterm_while_queuing_leaves_nothing_queued(tmp_path: Path) -> None:
+    """`gptlab sweep` with the real dvc: SIGTERM once it has queued a variant; then a leftover blocks a rerun."""
+    project = tmp_path / "project"
+    copy_project(project)
+    variants = {f"v{n}": {"spam": {"train": {"seed": n}}} for n in range(5)}
+    write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": variants})
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "stop"]
+    sweep = subprocess.Popen(
+        gptlab, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert sweep.stdout is not None
+        for line in sweep.stdout:  # each variant takes a `dvc exp run --queue` of its own: seconds
+            if line.startswith("queued stop-v0"):
+                sweep.send_signal(signal.SIGTERM)
+                break
+        out, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 143, out + err
+    stopped = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and stopped.startswith(
+        "stopped by SIGTERM while queuing the variants: removed stop-v0"
+    )
+    assert stopped.endswith("from DVC's queue") and "queued stop-v4" not in out
+    # Nothing of the sweep is left in DVC's queue, and the workspace is as committed.
+    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    assert not [
+        e
+        for row in shown
+        for e in (row.get("experiments") or [])
+        if (e.get("name") or "").startswith("stop-")
+    ]
+    assert "stop-" not in dvc(project, "queue", "status", env=env).stdout
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True)
+    assert status.stdout == ""
+
+    # A task left queued (as by a sweep killed with SIGKILL) blocks the rerun, which names the fix.
+    dvc(
+        project,
+        "exp",
+        "run",
+        "--queue",
+        "--name",
+        "stop-v1",
+        "-S",
+        "spam.train.seed=1",
+        "spam-finetune",
+        env=env,
+    )
+    again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
+    assert "`dvc queue remove stop-v1` removes them" in again.stderr
+    dvc(project, "queue", "remove", "stop-v1", env=env)
+    assert "stop-v1" not in dvc(project, "queue", "status", env=env).stdout
 
 
 # --------------------------------------------------------------------------- bounded waits (issue 23, case 8)

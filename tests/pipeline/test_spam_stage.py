@@ -6,17 +6,11 @@ tests of this module: ~25 s of CPU for the stage and the DVC and MLflow checks.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +30,7 @@ from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import PAD_TOKEN_ID, class_logits, make_classifier
 from gptlab.tracking.lineage import weights_sha256
 
-from helpers import committed_params_raw, copy_code, dvc, git
+from helpers import committed_params_raw, copy_code, dvc, git, invoke, served_model
 
 ROWS = 32  # per split: 4 training batches of 8
 EPOCHS = 4
@@ -349,26 +343,6 @@ def test_classify_pads_like_training_and_uses_the_checkpoint_pooling(
     assert "message 2 is empty" in capsys.readouterr().err
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_group(server: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group (its PID), SIGKILL if it lingers; bounded waits."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, sig)
-        try:
-            server.wait(timeout=30)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    with contextlib.suppress(ProcessLookupError):  # a worker that outlived the leader
-        os.killpg(server.pid, signal.SIGKILL)
-
-
 @pytest.mark.slow
 def test_registered_model_serves_over_http(trained: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     """`mlflow models serve` on the stage's registered model labels a spam and a ham message as the stage did."""
@@ -381,40 +355,12 @@ def test_registered_model_serves_over_http(trained: tuple[Path, dict[str, str]],
     assert set(right.index) == {"ham", "spam"}, "the stage got no spam or no ham test message right"
     messages, labels = [right["spam"], right["ham"]], ["spam", "ham"]
 
-    port = free_port()
-    mlflow_cli = Path(sys.executable).parent / "mlflow"
-    command = [str(mlflow_cli), "models", "serve", "-m", "models:/gptlab-spam/1", "--env-manager", "local"]
-    log = (tmp_path / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [*command, "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
-        cwd=tmp_path,
-        env={k: v for k, v in env.items() if k != "PYTHONPATH"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, led by its PID: stopped with its workers below
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer /ping within 120 s"
-            time.sleep(1)
-        body = json.dumps({"dataframe_split": {"columns": ["text"], "data": [[m] for m in messages]}})
-        request = urllib.request.Request(
-            f"{url}/invocations", data=body.encode(), headers={"Content-Type": "application/json"}
+    served_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    with served_model("models:/gptlab-spam/1", tmp_path, served_env) as url:
+        status, answer = invoke(
+            url, {"dataframe_split": {"columns": ["text"], "data": [[m] for m in messages]}}
         )
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            answer = json.loads(reply.read())
-    finally:
-        stop_group(server)
-        log.close()
+    assert status == 200, answer
     rows = answer["predictions"]
     assert [row["label"] for row in rows] == labels
     assert rows[0]["spam_probability"] > 0.5 > rows[1]["spam_probability"]

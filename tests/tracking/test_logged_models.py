@@ -11,13 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -35,7 +30,7 @@ from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.registry import log_model
 from gptlab.tracking.runs import NULL_RUN, stage_run
 
-from helpers import PROJECT_ROOT, committed_params
+from helpers import PROJECT_ROOT, committed_params, invoke, served_model
 
 MESSAGES = [
     "Free entry in 2 a wkly comp to win FA Cup final tkts 21st May 2005. Text FA to 87121",
@@ -288,51 +283,86 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     assert "\n" not in str(info.value)
 
 
+def test_a_bad_input_keeps_its_one_line_through_the_scoring_servers_rewrite() -> None:
+    """MLflow's scoring server prefixes the message with the whole input; the reply keeps the line alone."""
+    from gptlab.tracking.pyfunc_models import BadModelInput
+
+    error = BadModelInput("batch_size: expected 1 to 65536, got 0")
+    error.message = f"Failed to predict data '  text\n0  hi'. \nError: {error.message}"  # as the server does
+    assert json.loads(error.serialize_as_json())["message"] == "batch_size: expected 1 to 65536, got 0"
+    assert error.get_http_status_code() == 400 and isinstance(error, ValueError)
+
+
+def one_line_refusal(status: int, reply: dict, line: str) -> None:
+    """A 400 whose message is exactly `line`: no stack trace, no server path, none of the request echoed."""
+    assert status == 400, reply
+    assert reply["error_code"] == "INVALID_PARAMETER_VALUE" and "stack_trace" not in reply
+    assert reply["message"] == line
+
+
 @pytest.mark.slow
-def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_reply(
+def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What `mlflow models serve` runs (MLflow's scoring server app, under uvicorn) answers a bad input."""
+    """`mlflow models serve` on a spam and an instruct model: each bad request a 400 naming its field."""
     import mlflow.pyfunc
     import pandas as pd
-    import uvicorn
-    from mlflow.pyfunc import scoring_server
 
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
-    with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
-    model = mlflow.pyfunc.load_model(uri)
-    with pytest.raises(ValueError, match=r"^message 2 is empty: give some text to classify$"):
-        model.predict(pd.DataFrame({"text": ["hi", "  "]}))
+    tiny_language_model(tmp_path / "lm")
+    uris = {}
+    for kind, folder in (("spam", "clf"), ("instruct", "lm")):
+        with stage_run(f"{kind}-finetune", "gptlab", {}) as tracker:
+            uris[kind] = log_model(
+                tracker, kind, tmp_path / folder, **logged_to("gptlab", shared_data), defaults={}, headline={}
+            )
+    # In Python, the same check is a ValueError naming the field.
+    with pytest.raises(ValueError, match=r"^text \(row 2\) is empty: give some text to classify$"):
+        mlflow.pyfunc.load_model(uris["spam"]).predict(pd.DataFrame({"text": ["hi", "  "]}))
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(scoring_server.init(model), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        body = json.dumps({"dataframe_split": {"columns": ["text"], "data": [["hi"], ["  "]]}}).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the models run the code they carry
+    (tmp_path / "spam").mkdir()
+    (tmp_path / "instruct").mkdir()
+    with (
+        served_model(uris["spam"], tmp_path / "spam", env) as spam,
+        served_model(uris["instruct"], tmp_path / "instruct", env) as instruct,
+    ):
+        texts = {"dataframe_split": {"columns": ["text"], "data": [["Free prize, call now"], ["ok see you"]]}}
+        status, good = invoke(spam, texts)
+        assert (
+            status == 200 and [row["label"] in ("ham", "spam") for row in good["predictions"]] == [True] * 2
         )
-        with pytest.raises(urllib.error.HTTPError) as replied:
-            urllib.request.urlopen(request, timeout=60)
-        status, reply = replied.value.code, json.loads(replied.value.read())
-    finally:
-        server.should_exit = True
-        thread.join()
-    assert status == 400 and reply["error_code"] == "INVALID_PARAMETER_VALUE"
-    assert "stack_trace" not in reply and "Traceback" not in reply["message"]
-    assert reply["message"].splitlines()[-1] == "Error: message 2 is empty: give some text to classify"
+        for size in (0, -5):
+            one_line_refusal(
+                *invoke(spam, {**texts, "params": {"batch_size": size}}),
+                f"batch_size: expected 1 to 65536, got {size}",
+            )
+        split = {"columns": ["text"], "data": [["hi"], [123]]}
+        one_line_refusal(
+            *invoke(spam, {"dataframe_split": split}), "text (row 2): expected a string, got int 123"
+        )
+        split = {"columns": ["text"], "data": [[{"a": 1}]]}
+        one_line_refusal(
+            *invoke(spam, {"dataframe_split": split}), "text (row 1): expected a string, got dict {'a': 1}"
+        )
+        split = {"columns": ["text"], "data": [["hi"], ["  "]]}
+        one_line_refusal(
+            *invoke(spam, {"dataframe_split": split}), "text (row 2) is empty: give some text to classify"
+        )
+
+        asked = {"columns": ["instruction", "input"], "data": [["Name a color.", ""]]}
+        status, good = invoke(instruct, {"dataframe_split": asked, "params": {"max_new_tokens": 3}})
+        assert status == 200 and isinstance(good["predictions"][0]["response"], str)
+        empty = {"columns": ["instruction", "input"], "data": [["", "It is fast."]]}
+        one_line_refusal(
+            *invoke(instruct, {"dataframe_split": empty, "params": {"max_new_tokens": 3}}),
+            "instruction (row 1) is empty: say what the model should do",
+        )
+        one_line_refusal(
+            *invoke(instruct, {"dataframe_split": asked, "params": {"max_new_tokens": 0}}),
+            "max_new_tokens: expected 1 to 10000, got 0",
+        )
 
 
 @pytest.mark.slow

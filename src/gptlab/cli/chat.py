@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptlab.tasks import request
     from gptlab.tasks.responses import fit_to_context, generate_response
 
     model_dir = source.checkpoint
-    if not args.instruction.strip():
-        raise InputError("the instruction is empty: say what the model should do")
-    if args.max_new_tokens is not None and args.max_new_tokens <= 0:
-        raise InputError(f"--max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+    request.text(args.instruction, "the instruction", hint="say what the model should do")
+    if args.max_new_tokens is not None:
+        request.max_new_tokens(args.max_new_tokens, "--max-new-tokens")
     model, metadata = load_for_inference(model_dir, args)
     if not model.cfg.is_language_model:
         raise InputError(

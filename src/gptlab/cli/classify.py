@@ -62,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
 def _classify(args: argparse.Namespace, source: ModelSource) -> int:
     # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptlab.tasks import request
     from gptlab.tasks.classifier import classify_texts
 
     model_dir = source.checkpoint
-    if args.batch_size <= 0:
-        raise InputError(f"--batch-size: expected a positive integer, got {args.batch_size}")
-    texts = _read_texts(args.texts, args.file)
+    batch_size = request.batch_size(args.batch_size, "--batch-size")
+    texts = request.texts(
+        _read_texts(args.texts, args.file), "message {n}", hint="give some text to classify"
+    )
     model, metadata = load_for_inference(model_dir, args)
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
     shown = args.model or model_dir
@@ -86,7 +88,7 @@ def _classify(args: argparse.Namespace, source: ModelSource) -> int:
         texts,
         max_length=int(metadata["max_length"]),
         pooling=metadata["pooling"],
-        batch_size=args.batch_size,
+        batch_size=batch_size,
     )
     labels = {int(index): name for index, name in metadata["labels"].items()}
     for text, p in zip(texts, probs, strict=True):
@@ -99,7 +101,11 @@ def _classify(args: argparse.Namespace, source: ModelSource) -> int:
 
 
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
-    """The messages to classify: arguments first, then the lines of `file` (stdin for '-')."""
+    """The messages to classify: arguments first, then the lines of `file` (stdin for '-').
+
+    `file` may be any file that reads to its end: a pipe (`<(command)`, /dev/stdin) as well as a
+    regular file.
+    """
     messages = list(texts)
     if file is not None:
         if file == "-":
@@ -111,15 +117,12 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
             path = Path(file)
             if path.is_dir():
                 raise IsADirectoryError(f"--file {path}: is a directory, not a file")
-            if not path.is_file():
+            if not path.exists():
                 raise FileNotFoundError(f"--file {path}: no such file")
             lines = _decode_lines(path.read_bytes(), str(path))
         messages += [line for line in lines if line.strip()]
     if not messages:
         raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
-    empty = [i for i, text in enumerate(messages) if not text.strip()]
-    if empty:
-        raise InputError(f"message {empty[0] + 1} is empty: give some text to classify")
     return messages
 
 

@@ -20,7 +20,10 @@ from gptlab.experiments.profiles import experiment_env, load_overrides, profile_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--profile", required=True, metavar="NAME", help="profiles/NAME.yaml, or a path to a profile file"
+        "--profile",
+        required=True,
+        metavar="NAME",
+        help="profiles/NAME.yaml, or a path to a profile file (a pipe too; '-' for stdin)",
     )
     parser.add_argument(
         "stages", nargs="*", metavar="STAGE", help="run only up to these stages (default: the whole DAG)"
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError("dvc.yaml not found: run `gptlab run` from the project root")
     profile = profile_path(args.profile)
     overrides = load_overrides(profile, project / "params.yaml")
-    name = args.name or f"{profile.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = profile.stem if profile.is_file() else "profile"  # a pipe's name (/dev/fd/63) says nothing
+    name = args.name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     command = ["dvc", "exp", "run", "--temp", "--name", name, *set_arguments(overrides), *args.stages]
     print(f"experiment {name}: {' '.join(command[5:]) or 'no overrides'}", flush=True)
     result = subprocess.run(command, env=experiment_env(project))

@@ -4,12 +4,15 @@ Each variant of sweeps/NAME.yaml (or a path) is queued with `dvc exp run --queue
 --jobs N` runs them, and once each has succeeded or failed their table is written to
 reports/sweeps/<sweep>.md and .csv. --profile lays a profile's overrides under every variant; the
 sweep is then named <file>-<profile>. One sweep runs at a time in a project (they share DVC's
-queue); every wait is bounded (--timeout, a day by default, and each dvc command).
+queue); every wait is bounded (--timeout, a day by default, and each dvc command). Stopped
+(Ctrl-C, SIGTERM) while queuing, it removes the variants it queued, or says the command that
+does; stopped while waiting, it leaves them running.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +21,21 @@ from gptlab.errors import GptlabError, InputError, describe_failure
 from gptlab.experiments import sweep as sweeps
 from gptlab.experiments.profiles import dvc_executable, experiment_env, profile_path
 from gptlab.experiments.smoke import source_commit_env
+from gptlab.pipeline.stage import Terminated, sigterm_stops
 from gptlab.tracking.runs import prepare_store, sweep_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("sweep", metavar="NAME", help="sweeps/NAME.yaml, or a path to a sweep file")
-    add("--profile", help="profiles/PROFILE.yaml (or a path): overrides under every variant, e.g. smoke")
+    add(
+        "sweep",
+        metavar="NAME",
+        help="sweeps/NAME.yaml, or a path to a sweep file (a pipe too, with --name; '-' for stdin)",
+    )
+    add(
+        "--profile",
+        help="profiles/PROFILE.yaml (or a path, a pipe too): overrides under every variant, e.g. smoke",
+    )
     add("--jobs", "-j", type=int, default=1, help="experiments run at a time (dvc queue start --jobs)")
     add(
         "--name",
@@ -71,19 +82,28 @@ def run(args: argparse.Namespace) -> int:
     if args.collect:
         found = dvc.experiments()
     else:
+        waiting = False
         try:
-            with sweeps.sweep_lock(project, sweep.name):  # first: a second sweep is refused at once
+            # SIGTERM stops it as Ctrl-C does; the first lock: a second sweep is refused at once.
+            with sigterm_stops(), sweeps.sweep_lock(project, sweep.name):
                 # The MLflow store and experiments exist before stages log to them in parallel (the
                 # experiments' store is this process's: MLFLOW_TRACKING_URI, else the project's).
                 prepare_store(sorted({str(p["tracking.experiment"]) for p in sweep.effective.values()}))
                 sweeps.queue(sweep, dvc, replace=args.replace)
+                waiting = True
                 found = sweeps.run_queue(sweep, dvc, jobs=args.jobs, timeout=args.timeout)
-        except KeyboardInterrupt:
-            print(
-                f"\nstopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with `dvc queue kill NAME`); `gptlab sweep {args.sweep} --name {sweep.name} --collect` writes the table once they are done",
-                file=sys.stderr,
+        except sweeps.Stopped as stop:
+            print(f"\nstopped by {stop} while queuing the variants: {stop.note}", file=sys.stderr)
+            return 128 + stop.signum
+        except KeyboardInterrupt as stop:
+            signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+            said = (
+                f"stopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with `dvc queue kill NAME`); `gptlab sweep {args.sweep} --name {sweep.name} --collect` writes the table once they are done"
+                if waiting
+                else "stopped before any variant was queued"
             )
-            return 130
+            print(f"\n{said}", file=sys.stderr)
+            return 128 + signum
     ran = sorted({str(e.params.get("tracking.experiment")) for e in found.values() if e.params})
     try:
         runs = sweep_runs(ran, sweep.name, sweep.file.stage) if ran else {}

@@ -29,13 +29,16 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 
 def named_yaml(name_or_path: str | Path, folder: Path, kind: str, plural: str) -> Path:
-    """The path itself, or folder/<name>.yaml for a bare name; a missing file names those there are."""
-    path = Path(name_or_path)
+    """The path itself, or folder/<name>.yaml for a bare name; a missing file names those there are.
+
+    A pipe is a file too (`<(command)`, /dev/stdin, `-` for stdin): it is read once, like any other.
+    """
+    path = Path("/dev/stdin" if str(name_or_path) == "-" else name_or_path)
     if path.suffix not in (".yaml", ".yml") and path.parent == Path("."):
         path = folder / f"{path}.yaml"
     if path.is_dir():
         raise IsADirectoryError(f"{kind} {path}: is a directory, not a file")
-    if not path.is_file():
+    if not path.exists():
         known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
         raise InputError(f"{kind} {path} not found ({plural} here: {', '.join(known) or 'none'})")
     return path

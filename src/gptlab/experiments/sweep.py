@@ -17,10 +17,12 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -90,6 +92,10 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
 
     The sweep is `name`, else the file's name, plus -PROFILE on a profile (laid under every variant).
     """
+    if name is None and (piped := [str(p) for p in (path, profile) if p and not p.is_file()]):
+        raise InputError(
+            f"{piped[0]} is a pipe, whose name says nothing: name the sweep with --name (it prefixes the DVC experiment names)"
+        )
     raw, params = read_yaml(path), read_yaml(params_file)
     name = name or "-".join(p.stem for p in (path, profile) if p)
     if not isinstance(raw, dict):
@@ -174,7 +180,13 @@ class Dvc:
         # Output goes to files: `dvc queue start`'s workers inherit them, and a pipe would wait for those.
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             try:
-                options = {"cwd": self.project, "env": self.env, "timeout": self.timeout}
+                # Its own session: Ctrl-C in the terminal reaches gptlab alone, which decides when dvc stops.
+                options = {
+                    "cwd": self.project,
+                    "env": self.env,
+                    "timeout": self.timeout,
+                    "start_new_session": True,
+                }
                 code = subprocess.run([self.dvc, *args], stdout=out, stderr=err, **options).returncode
             except subprocess.TimeoutExpired:
                 raise GptlabError(
@@ -214,29 +226,93 @@ def sweep_lock(project: Path, name: str) -> contextlib.AbstractContextManager[No
     return exclusive_lock(lock, holder, lambda held: refusal.format(held or "another process"))
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM while the sweep queued its variants; `note` says what became of those it queued."""
+
+    def __init__(self, signum: int, note: str = "nothing was queued") -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.note = signum, note
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM within the block are recorded, not acted on, so a dvc command in flight ends
+    on its own (`dvc exp run --queue` killed halfway can leave params.yaml with a variant's values)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield received
+        return
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in stops}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
-    """Queue each variant with `dvc exp run --queue`; names taken already need `replace`."""
+    """Queue each variant with `dvc exp run --queue`; names taken already need `replace`.
+
+    Stopped (SIGINT, SIGTERM) or failing halfway, it removes what it queued from DVC's queue, or
+    says the command that does: a sweep's leftovers in the queue block its rerun.
+    """
     names = {sweep.experiment(v) for v in sweep.variants}
-    for _attempt in range(5):  # DVC queues a name twice (it checks finished experiments only)
-        if not (taken := sorted(names & (found := dvc.experiments()).keys())):
-            break
-        if running := [name for name in taken if found[name].state == "running"]:
-            raise GptlabError(
-                f"experiments {', '.join(running)} are running: wait for them (`dvc queue status`) or stop them (`dvc queue kill NAME`) first"
-            )
-        if not replace:
-            raise GptlabError(
-                f"experiments named {', '.join(taken)} exist already: pass --replace to remove them and run the sweep again, or --name to run it under another name"
-            )
-        dvc("exp", "remove", *taken)
-        print(f"removed the earlier {', '.join(taken)}", flush=True)
-    else:
-        raise GptlabError(f"could not remove the earlier experiments named {', '.join(sorted(names))}")
-    for variant, overrides in sweep.variants.items():
-        own = set_arguments({**overrides, "tracking.sweep": sweep.name, "tracking.sweep_variant": variant})
-        dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *own, sweep.file.stage)
-        shown = " ".join(f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items())
-        print(f"queued {sweep.experiment(variant)}: {shown or 'the base settings'}", flush=True)
+    queued: list[str] = []
+    try:
+        with _signals_held() as received:
+            for _attempt in range(5):  # DVC queues a name twice (it checks finished experiments only)
+                if not (taken := sorted(names & (found := dvc.experiments()).keys())):
+                    break
+                if running := [name for name in taken if found[name].state == "running"]:
+                    raise GptlabError(
+                        f"experiments {', '.join(running)} are running: wait for them (`dvc queue status`) or stop them (`dvc queue kill NAME`) first"
+                    )
+                if not replace:
+                    waiting = [name for name in taken if found[name].state == "queued"]
+                    left = f" ({', '.join(waiting)} queued, never run: a stopped sweep's; `dvc queue remove {' '.join(waiting)}` removes them)"
+                    raise GptlabError(
+                        f"experiments named {', '.join(taken)} exist already{left if waiting else ''}: pass --replace to remove them and run the sweep again, or --name to run it under another name"
+                    )
+                dvc("exp", "remove", *taken)
+                print(f"removed the earlier {', '.join(taken)}", flush=True)
+            else:
+                raise GptlabError(
+                    f"could not remove the earlier experiments named {', '.join(sorted(names))}"
+                )
+            for variant, overrides in sweep.variants.items():
+                if received:
+                    break
+                own = set_arguments(
+                    {**overrides, "tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
+                )
+                dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *own, sweep.file.stage)
+                queued.append(sweep.experiment(variant))
+                shown = " ".join(
+                    f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items()
+                )
+                print(f"queued {sweep.experiment(variant)}: {shown or 'the base settings'}", flush=True)
+        if received:
+            raise Stopped(received[0])
+    except (GptlabError, Stopped) as exc:
+        if not queued:
+            raise
+        note = _withdraw(dvc, queued)
+        if isinstance(exc, Stopped):
+            raise Stopped(exc.signum, note) from None
+        raise GptlabError(f"{exc}; {note}") from None
+
+
+def _withdraw(dvc: Dvc, queued: Sequence[str]) -> str:
+    """`dvc queue remove` the experiments a stopped sweep queued: what it did, else the command to run."""
+    command = f"`dvc queue remove {' '.join(queued)}`"
+    try:
+        dvc("queue", "remove", *queued)
+    except GptlabError as exc:
+        return f"{', '.join(queued)} are still queued ({exc}): remove them with {command}"
+    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: stop now, and say what is left
+        return f"{', '.join(queued)} may still be queued: remove them with {command}"
+    return f"removed {', '.join(queued)} from DVC's queue"
 
 
 def run_queue(

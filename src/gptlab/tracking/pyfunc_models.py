@@ -26,8 +26,12 @@ input example:
 
 The model runs on `$GPTLAB_DEVICE` (default `auto`: cuda, then mps, then cpu), with
 fp32 weights, or bf16 ones with `$GPTLAB_PRECISION` bf16 (or auto: bf16 where bf16 is fast).
-An input it cannot answer (an empty message, a missing column) is a `BadModelInput`:
-one line, which `mlflow models serve` sends as a 400 reply without a stack trace.
+Each request is checked as `gptlab classify` and `gptlab chat` check theirs
+(gptlab.tasks.request): texts must be strings (the signature's type; a number
+or a mapping is refused, not turned into text), the required ones non-empty, and
+the params in range. An input it cannot answer is a `BadModelInput`: one line
+naming the field, which `mlflow models serve` sends as a 400 reply without a
+stack trace.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from gptlab.model.checkpoint import load_model
 from gptlab.model.config import SampleConfig
 from gptlab.model.generate import generate_text
 from gptlab.model.tokenizer import gpt2_tokenizer
+from gptlab.tasks import request
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import fit_to_context, generate_response
 from gptlab.training.runtime import Precision, inference_dtype, resolve_device
@@ -98,17 +103,17 @@ class SpamClassifier(_Checkpoint):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        texts = _strings(model_input, "text")
-        empty = [i for i, text in enumerate(texts) if not text.strip()]
-        if empty:
-            raise ValueError(f"message {empty[0] + 1} is empty: give some text to classify")
+        texts = request.texts(
+            _column(model_input, "text"), "text (row {n})", hint="give some text to classify"
+        )
+        batch_size = request.batch_size((params or {}).get("batch_size", 8))
         probs = classify_texts(
             self.model,
             self.tokenizer,
             texts,
             max_length=int(self.metadata["max_length"]),
             pooling=self.metadata["pooling"],
-            batch_size=int((params or {}).get("batch_size", 8)),
+            batch_size=batch_size,
         )
         labels = {int(index): name for index, name in self.metadata["labels"].items()}
         spam = next(index for index, name in labels.items() if name == "spam")
@@ -123,9 +128,15 @@ class InstructionModel(_Checkpoint):
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
-        instructions = _strings(model_input, "instruction")
-        inputs = _strings(model_input, "input") if "input" in model_input else [""] * len(instructions)
-        max_new_tokens = int((params or {}).get("max_new_tokens", self.metadata.get("max_new_tokens", 256)))
+        instructions = request.texts(
+            _column(model_input, "instruction"), "instruction (row {n})", hint="say what the model should do"
+        )
+        given = _column(model_input, "input") if "input" in model_input else [""] * len(instructions)
+        inputs = [
+            request.text(v, f"input (row {n})", hint="", required=False) for n, v in enumerate(given, 1)
+        ]
+        default = self.metadata.get("max_new_tokens", 256)
+        max_new_tokens = request.max_new_tokens((params or {}).get("max_new_tokens", default))
         responses = []
         for instruction, text in zip(instructions, inputs, strict=True):
             fitted = fit_to_context(
@@ -149,15 +160,16 @@ class TextGenerator(_Checkpoint):
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
         params = params or {}
+        prompts = request.texts(
+            _column(model_input, "prompt"), "prompt (row {n})", hint="give a text to continue"
+        )
+        max_new_tokens = request.max_new_tokens(params.get("max_new_tokens", 50))
+        temperature = request.temperature(params.get("temperature", 0.0))
+        top_k = request.top_k(params.get("top_k", 0))
+        seed = request.seed(params.get("seed", 123))
         texts = []
-        for prompt in _strings(model_input, "prompt"):
-            sample = SampleConfig(
-                prompt=prompt,
-                max_new_tokens=int(params.get("max_new_tokens", 50)),
-                temperature=float(params.get("temperature", 0.0)),
-                top_k=int(params.get("top_k", 0)) or None,
-                seed=int(params.get("seed", 123)),
-            )
+        for prompt in prompts:
+            sample = SampleConfig(prompt, max_new_tokens, temperature, top_k, seed)
             texts.append(generate_text(self.model, self.tokenizer, sample))
         return pd.DataFrame({"text": texts})
 
@@ -195,11 +207,23 @@ class BadModelInput(MlflowException, ValueError):
 
     As an MlflowException (INVALID_PARAMETER_VALUE), `mlflow models serve` replies 400 with
     this message and without the stack trace it attaches to any other error; as a ValueError,
-    `mlflow.pyfunc` callers catch it as before.
+    `mlflow.pyfunc` callers catch it as before. The scoring server rewrites the message of an
+    MlflowException to "Failed to predict data '<the whole input>'. Error: <message>" (on two
+    lines, the input printed as a table): the caller's own data before what is wrong. The
+    message is set once here, so the reply holds that one line.
     """
 
     def __init__(self, message: str) -> None:
         super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
+
+    @property
+    def message(self) -> str:
+        return self._line
+
+    @message.setter
+    def message(self, value: str) -> None:
+        if not hasattr(self, "_line"):  # MlflowException.__init__'s; the server's rewrite is ignored
+            self._line = value
 
 
 @dataclass(frozen=True)
@@ -282,10 +306,8 @@ def requirements() -> list[str]:
     return pinned
 
 
-def _strings(frame: pd.DataFrame, column: str) -> list[str]:
+def _column(frame: pd.DataFrame, column: str) -> list[Any]:
+    """The column's values as the request gave them (checked by gptlab.tasks.request)."""
     if column not in frame:
         raise ValueError(f"the input has no column {column!r} (columns: {list(frame.columns)})")
-    return [
-        "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
-        for value in frame[column]
-    ]
+    return frame[column].tolist()
