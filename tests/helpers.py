@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -146,6 +147,24 @@ def inputs_dir() -> Path:
 @functools.cache
 def _fetch_once() -> Path:
     return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
+
+
+def flip_tensor_bits(weights: Path, name: str) -> None:
+    """Flip a bit of every value of float32 tensor `name` in a safetensors file, in place, as a bad disk would.
+
+    The bit is the mantissa's highest (bit 22): each value moves by up to half itself and stays finite,
+    so only the file's digest tells it apart. Nothing else of the file changes.
+    """
+    data = bytearray(weights.read_bytes())
+    header_size = int.from_bytes(
+        data[:8], "little"
+    )  # safetensors: u64 header size, JSON header, tensor bytes
+    entry = json.loads(data[8 : 8 + header_size])[name]
+    assert entry["dtype"] == "F32", f"{name} is {entry['dtype']}, not float32"
+    begin, end = (8 + header_size + offset for offset in entry["data_offsets"])
+    for i in range(begin + 2, end, 4):  # little-endian: bits 16-23 are the value's third byte
+        data[i] ^= 0x40
+    weights.write_bytes(data)
 
 
 def copy_code(dest: Path) -> None:
