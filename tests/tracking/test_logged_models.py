@@ -40,7 +40,7 @@ from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import NULL_RUN, stage_run
+from gptlab.tracking.runs import NULL_RUN, StageRun, stage_run
 
 from helpers import PROJECT_ROOT, committed_params, flip_tensor_bits, small_disk
 
@@ -83,6 +83,13 @@ def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
     sources = committed_params().data.sources
     bpe = (shared_data / sources.gpt2_vocab_bpe.path, shared_data / sources.gpt2_encoder_json.path)
     return {"experiment": experiment, "bpe_files": bpe}
+
+
+def log_spam(tracker: StageRun, checkpoint: Path, shared_data: Path) -> str | None:
+    """log_model of a spam checkpoint into experiment gptlab, with no defaults or headline figures."""
+    return log_model(
+        tracker, "spam", checkpoint, **logged_to("gptlab", shared_data), defaults={}, headline={}
+    )
 
 
 def tiny_classifier(directory: Path, emb_dim: int = 16) -> GPTModel:
@@ -263,12 +270,7 @@ def test_the_disabled_run_logs_and_registers_nothing(
     """A torchrun rank other than 0 has NULL_RUN: its log_model returns None (rank 0 logs the model)."""
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
-    assert (
-        log_model(
-            NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
-        is None
-    )
+    assert log_spam(NULL_RUN, tmp_path / "clf", shared_data) is None
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.search_registered_models() == []
 
@@ -289,9 +291,7 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     save_file(weights, str(weights_file), metadata={"format": "pt"})
     write_model_manifest(tmp_path / "clf")  # saved so, as by a run that diverged: only the values tell
     with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
     with pytest.raises(Exception, match=r"model\.safetensors: tensor final_norm\.scale holds NaN") as info:
         mlflow.pyfunc.load_model(uri)
     assert "\n" not in str(info.value)
@@ -312,22 +312,13 @@ def test_a_damaged_checkpoint_is_not_logged_and_a_damaged_logged_model_does_not_
         with pytest.raises(
             CheckpointError, match=r"clf/model\.safetensors: its SHA-256 is not the one recorded"
         ):
-            log_model(
-                tracker,
-                "spam",
-                tmp_path / "clf",
-                **logged_to("gptlab", shared_data),
-                defaults={},
-                headline={},
-            )
+            log_spam(tracker, tmp_path / "clf", shared_data)
         experiment_id = client.get_run(tracker.run_id).info.experiment_id
     assert client.search_logged_models([experiment_id]) == []
 
     tiny_classifier(tmp_path / "clf")  # intact again
     with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
     logged = client.get_logged_model(uri.removeprefix("models:/"))
     checkpoint = Path(urlparse(logged.artifact_location).path) / "artifacts" / "clf"
     assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json", MANIFEST_FILE, WEIGHTS_FILE]
@@ -350,14 +341,7 @@ def test_a_full_artifact_store_is_one_line_naming_it_and_leaves_no_partial_model
     store = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")).parent
     with small_disk(store / "mlruns", "4m") as disk:  # where the store keeps its artifacts
         with pytest.raises(GptlabError) as failed, stage_run("spam-finetune", "gptlab", {}) as tracker:
-            log_model(
-                tracker,
-                "spam",
-                tmp_path / "clf",
-                **logged_to("gptlab", shared_data),
-                defaults={},
-                headline={},
-            )
+            log_spam(tracker, tmp_path / "clf", shared_data)
         message = str(failed.value)
         (logged,) = client.search_logged_models([client.get_run(tracker.run_id).info.experiment_id])
         assert message.startswith(
@@ -384,9 +368,7 @@ def test_a_bad_input_is_one_line_without_a_stack_trace_in_the_scoring_servers_re
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
     with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
     model = mlflow.pyfunc.load_model(uri)
     with pytest.raises(ValueError, match=r"^message 2 is empty: give some text to classify$"):
         model.predict(pd.DataFrame({"text": ["hi", "  "]}))
