@@ -20,7 +20,6 @@ from types import ModuleType
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.model.checkpoint import verify_model_folder
 from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, tracking_uri
 
 # Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
@@ -60,6 +59,9 @@ def log_model(
     """
     if run.run_id is None:
         return None
+    # torch with it: here, not at the top, so that `gptlab promote` does not wait for it
+    from gptlab.model.checkpoint import verify_model_folder
+
     verify_model_folder(checkpoint)
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
