@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -19,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +155,74 @@ def inputs_dir() -> Path:
 @functools.cache
 def _fetch_once() -> Path:
     return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
+
+
+@dataclass
+class Disk:
+    """A folder on a disk that runs out: `reason` is what the system says when it does."""
+
+    folder: Path
+    reason: str
+
+    def fill(self) -> None:
+        """Take the last free byte (of a full disk; on the others nothing can be written anyway)."""
+        if self.reason != os.strerror(errno.ENOSPC):
+            return
+        fd = os.open(self.folder / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        finally:
+            os.close(fd)
+
+    def leftovers(self) -> list[str]:
+        """Everything in the folder but the filler: what a failed write left behind."""
+        return sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*") if p.name != "filler")
+
+
+@contextmanager
+def small_disk(folder: Path, size: str, *, read_only: bool = False) -> Iterator[Disk]:
+    """`folder` (made here) on a real disk that runs out, for the block.
+
+    As root (CI): a tmpfs of `size` (mount's syntax: 1m) mounted there, ENOSPC once written full, or
+    mounted read-only (EROFS). Without root (mount needs it): the folder made unwritable (EACCES),
+    which root would ignore.
+    """
+    folder.mkdir(parents=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield Disk(folder, os.strerror(errno.EACCES))
+        finally:
+            folder.chmod(0o755)
+        return
+    options = f"size={size},ro" if read_only else f"size={size}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
+    try:
+        yield Disk(folder, os.strerror(errno.EROFS if read_only else errno.ENOSPC))
+    finally:
+        # lazy: a test that failed may still hold a file open on it
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def flip_tensor_bits(weights: Path, name: str) -> None:
+    """Flip a bit of every value of float32 tensor `name` in a safetensors file, in place, as a bad disk would.
+
+    The bit is the mantissa's highest (bit 22): each value moves by up to half itself and stays finite,
+    so only the file's digest tells it apart. Nothing else of the file changes.
+    """
+    data = bytearray(weights.read_bytes())
+    header_size = int.from_bytes(
+        data[:8], "little"
+    )  # safetensors: u64 header size, JSON header, tensor bytes
+    entry = json.loads(data[8 : 8 + header_size])[name]
+    assert entry["dtype"] == "F32", f"{name} is {entry['dtype']}, not float32"
+    begin, end = (8 + header_size + offset for offset in entry["data_offsets"])
+    for i in range(begin + 2, end, 4):  # little-endian: bits 16-23 are the value's third byte
+        data[i] ^= 0x40
+    weights.write_bytes(data)
 
 
 def copy_code(dest: Path) -> None:

@@ -13,6 +13,7 @@ a missing file from a folder given in its place.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -164,6 +165,12 @@ def write_figure(path: Path | str, figure: Any, dpi: int = 120) -> Path:
     with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png", dpi=dpi)
     return path
+
+
+def sha256_file(path: Path | str) -> str:
+    """Hex sha256 of a file, read in chunks, as sha256sum prints it (params.yaml's pins, model manifests)."""
+    with Path(path).open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def fsync_dir(directory: Path) -> None:

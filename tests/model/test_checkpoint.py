@@ -58,7 +58,7 @@ def test_truncated_weights_are_refused_naming_the_file(tmp_path: Path) -> None:
     save_model(tiny_model(), tmp_path)
     weights = tmp_path / checkpoint.WEIGHTS_FILE
     weights.write_bytes(weights.read_bytes()[:1000])
-    with pytest.raises(ValueError, match=r"model\.safetensors: corrupted or truncated"):
+    with pytest.raises(ValueError, match=r"model\.safetensors: expected \d+ bytes, found 1000 bytes"):
         load_model(tmp_path)
 
 
@@ -100,7 +100,6 @@ def test_training_checkpoint_round_trip_with_weights_only(tmp_path: Path) -> Non
     assert state["progress"]["steps"] == 3
     assert state["rng"]["python"] == random.getstate()
     assert torch.equal(state["rng"]["torch"], torch.get_rng_state())
-    assert load_model(path)[0].cfg == TINY  # also an ordinary model checkpoint
 
 
 def test_a_save_over_an_existing_step_replaces_it(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
 from gptlab.data import instruct
-from gptlab.model.checkpoint import load_model, save_model
+from gptlab.model.checkpoint import WEIGHTS_FILE, CheckpointError, load_model, save_model
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
@@ -31,7 +31,7 @@ from gptlab.tasks.judge import JudgeError
 from gptlab.tasks.responses import extract_response
 from stages.instruct_finetune import run
 
-from helpers import PROJECT_ROOT, committed_params_raw
+from helpers import PROJECT_ROOT, committed_params_raw, flip_tensor_bits
 
 STAGE_SCRIPT = PROJECT_ROOT / "stages" / "instruct_finetune.py"
 RECORDS = 4  # per split
@@ -297,6 +297,17 @@ def test_missing_base_model_is_named(
     with pytest.raises(FileNotFoundError, match="models/gpt2/gpt2-medium"):
         run(load_params())
     assert stage_runs("gptlab") == []
+
+
+def test_a_base_model_with_flipped_bits_is_refused_before_training(project: Path) -> None:
+    """Finite values, so no NaN check would tell: the base model's manifest does."""
+    weights = project / "models" / "gpt2" / "gpt2-medium" / WEIGHTS_FILE
+    flip_tensor_bits(weights, "out_head.weight")
+    with pytest.raises(
+        CheckpointError, match=r"models/gpt2/gpt2-medium/model\.safetensors: its SHA-256 is not"
+    ):
+        run(load_params())
+    assert not (project / "models" / "instruct").exists()
 
 
 def test_chat_without_a_model_says_how_to_get_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

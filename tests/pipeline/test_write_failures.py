@@ -8,16 +8,13 @@ write (EACCES), which root would ignore.
 
 from __future__ import annotations
 
-import errno
 import http.server
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,58 +28,18 @@ from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.stage import stage_main
 
-from helpers import PROJECT_ROOT, committed_params
+from helpers import PROJECT_ROOT, Disk, committed_params, small_disk
 
 # ~8 MB of weights: more than the disk holds.
 WIDE = ModelConfig(vocab_size=1000, context_length=32, emb_dim=256, n_heads=2, n_layers=2, drop_rate=0.0)
 TINY = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=1, drop_rate=0.0)
 
 
-@dataclass
-class Disk:
-    """A folder on a disk that runs out: `reason` is what the system says when it does."""
-
-    folder: Path
-    reason: str
-
-    def fill(self) -> None:
-        """Take the last free byte (of a full disk; on the others nothing can be written anyway)."""
-        if self.reason != os.strerror(errno.ENOSPC):
-            return
-        fd = os.open(self.folder / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            while True:
-                os.write(fd, b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-        finally:
-            os.close(fd)
-
-    def leftovers(self) -> list[str]:
-        """Everything in the folder but the filler: what a failed write left behind."""
-        return sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*") if p.name != "filler")
-
-
 @pytest.fixture(params=["full", "read-only"])
 def disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Disk]:
     """As root: a 1 MiB tmpfs (ENOSPC once written full), or one mounted read-only (EROFS)."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        try:
-            yield Disk(folder, os.strerror(errno.EACCES))
-        finally:
-            folder.chmod(0o755)
-        return
-    read_only = request.param == "read-only"
-    options = "size=1m,ro" if read_only else "size=1m"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
-    try:
-        yield Disk(folder, os.strerror(errno.EROFS if read_only else errno.ENOSPC))
-    finally:
-        # lazy: a test that failed may still hold a file open on it
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+    with small_disk(tmp_path / "disk", "1m", read_only=request.param == "read-only") as found:
+        yield found
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], prefix: str) -> str:

@@ -22,15 +22,22 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
-from gptlab.model.checkpoint import save_model
+from gptlab.errors import GptlabError
+from gptlab.model.checkpoint import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    save_model,
+    write_model_manifest,
+)
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import NULL_RUN, stage_run
+from gptlab.tracking.runs import NULL_RUN, StageRun, stage_run
 
-from helpers import PROJECT_ROOT, committed_params, invoke, served_model
+from helpers import PROJECT_ROOT, committed_params, flip_tensor_bits, invoke, served_model, small_disk
 
 MESSAGES = [
     "Free entry in 2 a wkly comp to win FA Cup final tkts 21st May 2005. Text FA to 87121",
@@ -73,9 +80,17 @@ def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
     return {"experiment": experiment, "bpe_files": bpe}
 
 
-def tiny_classifier(directory: Path) -> GPTModel:
+def log_spam(tracker: StageRun, checkpoint: Path, shared_data: Path) -> str | None:
+    """log_model of a spam checkpoint into experiment gptlab, with no defaults or headline figures."""
+    return log_model(
+        tracker, "spam", checkpoint, **logged_to("gptlab", shared_data), defaults={}, headline={}
+    )
+
+
+def tiny_classifier(directory: Path, emb_dim: int = 16) -> GPTModel:
+    """A spam classifier over GPT-2's vocabulary: its weights take about `emb_dim` / 5 MB."""
     torch.manual_seed(0)
-    cfg = ModelConfig(context_length=32, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+    cfg = ModelConfig(context_length=32, emb_dim=emb_dim, n_heads=2, n_layers=1, drop_rate=0.0)
     model = make_classifier(build_gpt(cfg), 2, trainable="head", trainable_blocks=1, seed=123).eval()
     save_model(model, directory, {"labels": {"0": "ham", "1": "spam"}, "max_length": 12, "pooling": "last"})
     return model
@@ -250,12 +265,7 @@ def test_the_disabled_run_logs_and_registers_nothing(
     """A torchrun rank other than 0 has NULL_RUN: its log_model returns None (rank 0 logs the model)."""
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
-    assert (
-        log_model(
-            NULL_RUN, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
-        is None
-    )
+    assert log_spam(NULL_RUN, tmp_path / "clf", shared_data) is None
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.search_registered_models() == []
 
@@ -274,10 +284,9 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
     weights = load_file(str(weights_file))
     weights["final_norm.scale"][:4] = float("nan")
     save_file(weights, str(weights_file), metadata={"format": "pt"})
+    write_model_manifest(tmp_path / "clf")  # saved so, as by a run that diverged: only the values tell
     with stage_run("spam-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "spam", tmp_path / "clf", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
     with pytest.raises(Exception, match=r"model\.safetensors: tensor final_norm\.scale holds NaN") as info:
         mlflow.pyfunc.load_model(uri)
     assert "\n" not in str(info.value)
@@ -298,6 +307,64 @@ def one_line_refusal(status: int, reply: dict, line: str) -> None:
     assert status == 400, reply
     assert reply["error_code"] == "INVALID_PARAMETER_VALUE" and "stack_trace" not in reply
     assert reply["message"] == line
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_not_logged_and_a_damaged_logged_model_does_not_load(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finite bit flips: refused by log_model before logging, and by the model MLflow loads and serves."""
+    import mlflow.pyfunc
+
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    tiny_classifier(tmp_path / "clf")
+    flip_tensor_bits(tmp_path / "clf" / WEIGHTS_FILE, "out_head.weight")
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        with pytest.raises(
+            CheckpointError, match=r"clf/model\.safetensors: its SHA-256 is not the one recorded"
+        ):
+            log_spam(tracker, tmp_path / "clf", shared_data)
+        experiment_id = client.get_run(tracker.run_id).info.experiment_id
+    assert client.search_logged_models([experiment_id]) == []
+
+    tiny_classifier(tmp_path / "clf")  # intact again
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
+    logged = client.get_logged_model(uri.removeprefix("models:/"))
+    checkpoint = Path(urlparse(logged.artifact_location).path) / "artifacts" / "clf"
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json", MANIFEST_FILE, WEIGHTS_FILE]
+    flip_tensor_bits(checkpoint / WEIGHTS_FILE, "final_norm.scale")
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: its SHA-256 is not the one recorded"
+    ) as info:
+        mlflow.pyfunc.load_model(uri)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_full_artifact_store_is_one_line_naming_it_and_leaves_no_partial_model(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's disk (a real 4 MiB tmpfs) takes the model's other files, not its ~6.5 MB of weights."""
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    tiny_classifier(tmp_path / "clf", emb_dim=32)
+    store = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")).parent
+    with small_disk(store / "mlruns", "4m") as disk:  # where the store keeps its artifacts
+        with pytest.raises(GptlabError) as failed, stage_run("spam-finetune", "gptlab", {}) as tracker:
+            log_spam(tracker, tmp_path / "clf", shared_data)
+        message = str(failed.value)
+        (logged,) = client.search_logged_models([client.get_run(tracker.run_id).info.experiment_id])
+        assert message.startswith(
+            f"cannot log the spam model into the artifact store {logged.artifact_location}: {disk.reason} "
+            f"(its partial copy is deleted, model {logged.model_id} stays FAILED)"
+        )
+        assert disk.folder.as_uri() in logged.artifact_location and "\n" not in message
+        assert [p for p in disk.folder.rglob("*") if p.is_file()] == []  # no truncated weights, nothing
+        assert str(logged.status) == "FAILED"
+        assert client.get_run(tracker.run_id).info.status == "FAILED"
+        assert client.search_registered_models() == []
 
 
 @pytest.mark.slow

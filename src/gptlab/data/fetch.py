@@ -28,7 +28,7 @@ from typing import BinaryIO, Literal
 from tqdm import tqdm
 
 from gptlab.errors import GptlabError, InputError
-from gptlab.files import naming_write_failures, remove_orphans, temp_prefix
+from gptlab.files import naming_write_failures, remove_orphans, sha256_file, temp_prefix
 
 MIRROR_ENV = "GPTLAB_MIRROR"
 _CHUNK = 1 << 20
@@ -56,12 +56,6 @@ def mirror_dir() -> Path | None:
     """The mirror folder named by GPTLAB_MIRROR, or None when unset."""
     value = os.environ.get(MIRROR_ENV)
     return Path(value).expanduser() if value else None
-
-
-def sha256_file(path: Path | str) -> str:
-    """Hex sha256 of a file, read in chunks (the pins in params.yaml are these)."""
-    with Path(path).open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def safe_relative_path(name: str, what: str) -> PurePosixPath:

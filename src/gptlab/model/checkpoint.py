@@ -1,11 +1,16 @@
 """What a checkpoint is on disk: a model's (weights + config JSON) and a training run's.
 
-A model checkpoint is `model.safetensors` plus `config.json` holding the model's
-config and metadata, so downstream stages rebuild the model from the checkpoint
-alone, never by re-reading another stage's params. A training checkpoint
+A model checkpoint (a model folder: models/spam, ...) is `model.safetensors` plus
+`config.json` holding the model's config and metadata, so downstream stages
+rebuild the model from the checkpoint alone, never by re-reading another stage's
+params, and `manifest.json` with each file's size and SHA-256 (as sha256sum prints
+it): `read_config` and `load_model` check the file they read against it, so a
+damaged or edited file is refused, naming it, even where its values stay finite.
+A training checkpoint
 (`step-XXXXXXX/` in a run's resume folder, see gptlab.training.resume) adds the optimizer,
 the RNG states and the loop's `Progress` (`state.pt`, tensors and plain values
-only), and a manifest of sizes and SHA-256 digests that loading checks. Every
+only), and its manifest records the SHA-256 of what was to be written instead
+(`content_digest`), which reading it back checks. Every
 file is written to a temporary name and renamed, so a crash never leaves a
 half-written checkpoint behind.
 """
@@ -30,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptlab.errors import InputError
-from gptlab.files import WriteError, atomic_path, fsync_dir, naming_write_failures
+from gptlab.files import WriteError, atomic_path, fsync_dir, naming_write_failures, sha256_file
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
@@ -45,7 +50,7 @@ _STEP_DIR = re.compile(r"^step-(\d{7,})$")
 
 
 class CheckpointError(InputError):
-    """A training checkpoint that is incomplete, corrupted or does not fit the run."""
+    """A checkpoint (model folder or training checkpoint) that is incomplete, damaged or does not fit."""
 
 
 @dataclass
@@ -84,26 +89,87 @@ def save_weights(
     directory: Path | str,
     metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """Write weights taken by `cpu_weights` and their config as a checkpoint; returns the directory."""
+    """Write weights taken by `cpu_weights`, their config and the manifest of both; returns the directory.
+
+    The manifest goes last (an earlier save's first out): a save cut short leaves none, and is refused.
+    """
     directory = Path(directory)
+    manifest = directory / MANIFEST_FILE
+    if manifest.exists():
+        with naming_write_failures(manifest):
+            manifest.unlink()
+    _write_model_files(weights, cfg, directory, metadata)
+    write_model_manifest(directory)
+    return directory
+
+
+def write_model_manifest(directory: Path) -> None:
+    """Record the size and SHA-256 of a model folder's files, as they are now, in its manifest."""
+    files = (WEIGHTS_FILE, CONFIG_FILE)
+    write_manifest(directory, files, {name: sha256_file(directory / name) for name in files})
+
+
+def _write_model_files(
+    weights: dict[str, torch.Tensor], cfg: ModelConfig, directory: Path, metadata: dict[str, Any] | None
+) -> None:
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(weights, str(tmp), metadata={"format": "pt"})
     payload = {"model": cfg.to_dict(), "metadata": metadata or {}}
     with atomic_path(directory / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return directory
 
 
 def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
-    """The model config and metadata stored beside a checkpoint's weights."""
+    """The model config and metadata stored beside a checkpoint's weights, checked against its manifest."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {directory} a gptlab checkpoint? Run its stage first.")
+    verify_model_file(Path(directory), CONFIG_FILE)
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.from_dict(payload["model"]), dict(payload.get("metadata", {}))
     except (json.JSONDecodeError, KeyError, ConfigError) as exc:
         raise InputError(f"{path}: not a valid gptlab checkpoint config ({exc})") from exc
+
+
+def verify_model_folder(directory: Path | str) -> None:
+    """Refuse a model folder any of whose files is not as its manifest recorded (before it is logged)."""
+    directory = Path(directory)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        verify_model_file(directory, name)
+
+
+def verify_model_file(directory: Path, name: str) -> None:
+    """Refuse `directory/name` unless its size and SHA-256 are those its manifest recorded at save.
+
+    A folder without a manifest was written before model folders had one: rebuilt, never trusted.
+    """
+    path = directory / name
+    if not (directory / MANIFEST_FILE).is_file():
+        raise CheckpointError(
+            f"{directory}: no {MANIFEST_FILE}, so its files cannot be checked (a model folder from an "
+            f"older gptlab, or a save cut short); rebuild it: {_rebuild_hint(directory)}"
+        )
+    recorded = read_manifest(directory).get(name)
+    if recorded is None:
+        raise CheckpointError(
+            f"{path}: {directory / MANIFEST_FILE} records no SHA-256 of it (not a model folder, or an edited "
+            f"manifest); rebuild it: {_rebuild_hint(directory)}"
+        )
+    if sha256_file(path) != recorded:  # read_manifest found it, at its recorded size
+        raise CheckpointError(
+            f"{path}: its SHA-256 is not the one recorded in {MANIFEST_FILE} when it was saved (a damaged "
+            f"or edited file); rebuild it: {_rebuild_hint(directory)}"
+        )
+
+
+def _rebuild_hint(directory: Path) -> str:
+    """`dvc repro <stage>` for the stage its config names (unverified: only to say which), else a rerun."""
+    try:
+        stage = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))["metadata"]["stage"]
+    except (OSError, ValueError, KeyError, TypeError):
+        stage = None
+    return f"`dvc repro {stage}`" if isinstance(stage, str) and stage else "rerun the stage that wrote it"
 
 
 def load_model(
@@ -118,8 +184,7 @@ def load_model(
     cfg, metadata = read_config(directory)
     cfg = dataclasses.replace(cfg, **overrides)
     weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"{weights} not found: the checkpoint in {directory} is incomplete")
+    verify_model_file(directory, WEIGHTS_FILE)
     try:
         state = load_file(str(weights), device=str(device))
     except (SafetensorError, OSError) as exc:
@@ -214,15 +279,40 @@ def _write_checkpoint_files(
     tmp: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], state: Mapping[str, Any]
 ) -> None:
     """The weights, config, training state and manifest of a checkpoint, into its temporary folder."""
-    save_weights(weights, cfg, tmp)
+    _write_model_files(weights, cfg, tmp, None)
     with atomic_path(tmp / STATE_FILE) as state_tmp, state_tmp.open("wb") as fh:
         torch.save(dict(state), fh)  # through a Python file: a full disk is an OSError, not "unexpected pos"
-    # Sizes catch truncated copies cheaply; the digests any other change of content.
-    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
     digests = {WEIGHTS_FILE: content_digest(weights), STATE_FILE: content_digest(dict(state))}
-    manifest = {"sizes": sizes, "sha256": digests}
-    with atomic_path(tmp / MANIFEST_FILE) as manifest_tmp:
-        manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_manifest(tmp, (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE), digests)
+
+
+def write_manifest(directory: Path, files: tuple[str, ...], sha256: Mapping[str, str]) -> None:
+    """`manifest.json`: the size of each of `files` (written already) and the `sha256` digests given.
+
+    Sizes catch truncated copies cheaply; the digests any other change of content.
+    """
+    sizes = {name: (directory / name).stat().st_size for name in files}
+    manifest = {"sizes": sizes, "sha256": dict(sha256)}
+    with atomic_path(directory / MANIFEST_FILE) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(directory: Path) -> dict[str, str]:
+    """The SHA-256 digests a folder's manifest records, once each file it lists has its recorded size."""
+    manifest_path = directory / MANIFEST_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        sizes, digests = dict(manifest["sizes"]), dict(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path}: missing or unreadable manifest ({exc})") from exc
+    for name, size in sizes.items():
+        path = directory / name
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            raise CheckpointError(
+                f"{path}: expected {size} bytes, found {'no file' if actual is None else f'{actual} bytes'}"
+            )
+    return digests
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
@@ -248,19 +338,7 @@ def load_training_checkpoint(
     save, whose pages are still cached (~2 s less for GPT-2 small's AdamW state).
     """
     directory = Path(directory)
-    manifest_path = directory / MANIFEST_FILE
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        sizes, digests = manifest["sizes"], manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{manifest_path}: missing or unreadable manifest ({exc})") from exc
-    for name, size in sizes.items():
-        path = directory / name
-        actual = path.stat().st_size if path.is_file() else None
-        if actual != size:
-            raise CheckpointError(
-                f"{path}: expected {size} bytes, found {'no file' if actual is None else f'{actual} bytes'}"
-            )
+    digests = read_manifest(directory)
     weights_path = directory / WEIGHTS_FILE
     try:
         weights = load_file(str(weights_path), device=str(device))

@@ -9,7 +9,8 @@ stage output, and editing this file reruns no training. Models are logged from
 code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.
 
 A logged model holds, as artifacts, the checkpoint folder (`model.safetensors` +
-`config.json`, the weights' only copy in MLflow) and GPT-2's BPE files
+`config.json` + `manifest.json`, the weights' only copy in MLflow, checked against the
+manifest as it loads) and GPT-2's BPE files
 (`vocab.bpe`, `encoder.json`), and the gptlab package itself as code
 (`code_paths`): it loads in any Python that has torch, tiktoken and safetensors,
 without the project on `sys.path`. Three kinds, each with a signature and an

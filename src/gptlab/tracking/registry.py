@@ -4,15 +4,19 @@ Each training stage's checkpoint becomes a pyfunc model of its run, registered a
 new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
 `champion` alias at one version, and `downloaded_model` fetches a logged model's
 files for the CLI. The registry is the tracking store's (`tracking.tracking_uri`).
+A checkpoint is logged only once it matches its manifest (which it carries along), and
+a model whose files cannot all be written (a full disk) leaves none behind.
 """
 
 from __future__ import annotations
 
 import importlib
 import tempfile
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from gptlab.errors import GptlabError
@@ -49,10 +53,16 @@ def log_model(
     the run's final metrics, quoted in the version's description. The model
     holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
     as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),
-    or None for the disabled run (torchrun ranks other than 0), which logs nothing.
+    or None for the disabled run (torchrun ranks other than 0), which logs nothing. A checkpoint
+    that does not match its manifest is refused; a write that fails in the artifact store is one
+    line naming it, and the failed model's partial files are deleted.
     """
     if run.run_id is None:
         return None
+    # torch with it: here, not at the top, so that `gptlab promote` does not wait for it
+    from gptlab.model.checkpoint import verify_model_folder
+
+    verify_model_folder(checkpoint)
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
     mlflow = imported_mlflow()
@@ -65,27 +75,64 @@ def log_model(
     # Model.log creates the model through the fluent API: its store, and the run's experiment.
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(experiment_id=run.client.get_run(run.run_id).info.experiment_id)
-    info = Model.log(
-        None,  # artifact_path: deprecated for name
-        name=name,
-        flavor=mlflow.pyfunc,
-        run_id=run.run_id,
-        registered_model_name=name,
-        python_model=spec.python_model,
-        model_config=spec.model_config,
-        artifacts=spec.artifacts,
-        code_paths=spec.code_paths,
-        signature=spec.signature,
-        input_example=spec.input_example,
-        pip_requirements=spec.pip_requirements,
-        tags={"gptlab.kind": kind},
-    )
+    try:
+        info = Model.log(
+            None,  # artifact_path: deprecated for name
+            name=name,
+            flavor=mlflow.pyfunc,
+            run_id=run.run_id,
+            registered_model_name=name,
+            python_model=spec.python_model,
+            model_config=spec.model_config,
+            artifacts=spec.artifacts,
+            code_paths=spec.code_paths,
+            signature=spec.signature,
+            input_example=spec.input_example,
+            pip_requirements=spec.pip_requirements,
+            tags={"gptlab.kind": kind},
+        )
+    except OSError as exc:  # MLflow's own message names the temporary copy it was writing from
+        raise _unwritten_model(mlflow, run, kind, exc) from None
     version = info.registered_model_version
     client = mlflow.MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
     client.update_model_version(name, version, description=version_description(kind, run, headline))
     run.set_tags({"gptlab.model_uri": info.model_uri, "gptlab.registered_model": f"{name}/{version}"})
     print(f"logged model {info.model_uri}, registered as models:/{name}/{version}")
     return info.model_uri
+
+
+def _unwritten_model(mlflow: ModuleType, run: StageRun, kind: str, exc: OSError) -> GptlabError:
+    """The error of a model whose files could not all be written, once its partial copy is deleted.
+
+    MLflow has marked the model FAILED; one of this run's FAILED models only, never another's.
+    It writes the model into a temporary folder first, then copies that into the artifact store.
+    """
+    # mlflow on first use: see tracking.runs.imported_mlflow
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    reason = exc.strerror or str(exc)
+    failed = mlflow.last_logged_model()
+    if failed is None or failed.source_run_id != run.run_id or failed.status != LoggedModelStatus.FAILED:
+        return GptlabError(f"cannot log the {kind} model: {reason}")
+    get_artifact_repository(failed.artifact_location, tracking_uri=tracking_uri()).delete_artifacts()
+    written = exc.filename2 or exc.filename  # a copy's error names its source, then its destination
+    store = urllib.parse.urlsplit(failed.artifact_location)
+    if written and store.scheme == "file" and not Path(written).is_relative_to(store.path):
+        return GptlabError(f"cannot log the {kind} model: cannot write {written}: {reason}")
+    return GptlabError(
+        f"cannot log the {kind} model into the artifact store {_masked(failed.artifact_location)}: "
+        f"{reason} (its partial copy is deleted, model {failed.model_id} stays FAILED); "
+        "free space there, then rerun the stage"
+    )
+
+
+def _masked(uri: str) -> str:
+    """`uri` with the password of its user info as `***`: never shown."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def version_description(kind: str, run: StageRun, headline: Mapping[str, float]) -> str:

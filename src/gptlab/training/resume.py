@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptlab.files import exclusive_lock
+from gptlab.files import exclusive_lock, sha256_file
 from gptlab.model.checkpoint import (
     STATE_FORMAT,
     CheckpointError,
@@ -67,8 +67,7 @@ def run_fingerprint(config: Mapping[str, Any], inputs: Iterable[Path | str] = ()
             raise FileNotFoundError(f"{item} not found: run the stages before this one first")
         files = sorted(p for p in item.rglob("*") if p.is_file()) if item.is_dir() else [item]
         for path in files:
-            with path.open("rb") as fh:
-                digests[path.as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+            digests[path.as_posix()] = sha256_file(path)
     payload = json.dumps({"config": config, "inputs": digests}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
