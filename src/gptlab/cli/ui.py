@@ -36,7 +36,7 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # the MLflow side on first use: keeps `gptlab --help` fast
-    from gptlab.tracking.runs import check_reachable, imported_mlflow, tracking_uri
+    from gptlab.tracking.runs import check_reachable, imported_mlflow, masked_uri, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)
     missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"
-    print(f"MLflow UI, experiment {name!r}{missing}: {url}", flush=True)
+    print(f"MLflow UI, experiment {name!r}{missing}: {masked_uri(url)}", flush=True)
     if remote or args.print_url:
         return 0
     mlflow = Path(sys.executable).with_name("mlflow")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, tracking_uri
+from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, masked_uri, tracking_uri
 
 # Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
 MODEL_KINDS: dict[str, tuple[str, str]] = {
@@ -128,7 +128,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
                 if "@" in uri and uri.startswith("models:/")
                 else ""
             )
-            raise GptlabError(f"{uri}: no such model in {store}: {exc.message}{hint}") from None
+            raise GptlabError(f"{uri}: no such model in {masked_uri(store)}: {exc.message}{hint}") from None
         model = Model.load(local)
         artifacts = model.flavors.get("python_function", {}).get("artifacts", {})
         found = {name: local / entry["path"] for name, entry in artifacts.items()}
@@ -156,7 +156,7 @@ def promote(name: str, version: str, alias: str = CHAMPION) -> str:
             versions = []
         known = f"its versions are {', '.join(map(str, versions))}" if versions else "it has no versions"
         raise GptlabError(
-            f"no version {version} of registered model {name!r} in {store}: {known} "
+            f"no version {version} of registered model {name!r} in {masked_uri(store)}: {known} "
             "(each successful training stage registers one)"
         ) from None
     client.set_registered_model_alias(name, alias, version)

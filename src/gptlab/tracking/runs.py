@@ -21,14 +21,18 @@ name, only when a model is logged or served.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
 import os
+import re
 import socket
+import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -97,6 +101,18 @@ def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+
+
+# The password of a URI's userinfo (scheme://user:PASSWORD@host); the last `@` ends it, as in urllib.
+_PASSWORD = re.compile(r"(?P<user>[A-Za-z][A-Za-z0-9+.\-]*://[^/?#\s:@]*):[^/?#\s]*@")
+
+
+def masked_uri(uri: str) -> str:
+    """`uri` with its password shown as *** (http://alice:***@host:port), fit to print; other URIs unchanged.
+
+    Also masks every URI within a longer text (an error message quoting the URI it called).
+    """
+    return _PASSWORD.sub(r"\g<user>:***@", uri)
 
 
 class TrackingLost(GptlabError):
@@ -180,7 +196,7 @@ class StageRun:
                     raise
                 if self.lost is None:
                     print(
-                        f"warning: MLflow tracking server {self.uri} stopped answering; the stage goes on "
+                        f"warning: MLflow tracking server {masked_uri(self.uri)} stopped answering; the stage goes on "
                         f"and its logging is kept to send once the server answers ({_first_line(exc)})",
                         file=sys.stderr,
                     )
@@ -192,7 +208,8 @@ class StageRun:
             self.unsent.pop(0)
         if self.lost is not None:
             print(
-                f"MLflow tracking server {self.uri} answers again: the kept logging is sent", file=sys.stderr
+                f"MLflow tracking server {masked_uri(self.uri)} answers again: the kept logging is sent",
+                file=sys.stderr,
             )
             self.lost = None
         return True
@@ -208,7 +225,7 @@ class StageRun:
         while not (_answers(self.uri) and self._send_unsent()):
             if time.monotonic() >= deadline:
                 raise TrackingLost(
-                    f"MLflow tracking server {self.uri} stopped answering during the run ({self.lost}) and "
+                    f"MLflow tracking server {masked_uri(self.uri)} stopped answering during the run ({self.lost}) and "
                     f"{len(self.unsent)} logging calls could not be sent (waited {_timeout():g} s, set "
                     f"{TIMEOUT_ENV} to wait longer): {rerun}"
                 )
@@ -350,6 +367,8 @@ def stage_run(
         if sweep_variant is not None:
             tags[SWEEP_VARIANT_TAG] = sweep_variant
             run_name = run_name or f"{stage}/{sweep_variant}"
+    if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     run = mlflow.start_run(
         experiment_id=experiment_id,
         run_name=run_name or stage,
@@ -368,6 +387,10 @@ def stage_run(
         _end_run(stage_run, "FAILED")
         raise
     _end_run(stage_run, "FINISHED")
+    if masked_uri(uri) != uri:
+        print(
+            f"🏃 View run at: {masked_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+        )
 
 
 def _end_run(run: StageRun, status: str) -> None:
@@ -380,7 +403,7 @@ def _end_run(run: StageRun, status: str) -> None:
             raise
         if status == "FINISHED":
             raise TrackingLost(
-                f"MLflow tracking server {run.uri} stopped answering as the run ended ({_first_line(exc)}): "
+                f"MLflow tracking server {masked_uri(run.uri)} stopped answering as the run ended ({_first_line(exc)}): "
                 "the stage's outputs are written; rerun it once the server answers"
             ) from None
 
@@ -390,18 +413,50 @@ def _timeout() -> float:
 
 
 def _first_line(exc: BaseException) -> str:
-    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+    return masked_uri(next(iter(str(exc).strip().splitlines()), type(exc).__name__))
 
 
 def _answers(uri: str) -> bool:
     """Whether the server at `uri` answers HTTP at all (a quick look, before sending kept logging)."""
     try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=2).close()  # noqa: S310 - http(s) only
+        _get(uri, "health", timeout=2).close()
     except urllib.error.HTTPError:
         return True
     except (OSError, ValueError):
         return False
     return True
+
+
+def _get(uri: str, path: str, timeout: float) -> Any:
+    """GET `path` of the server at `uri` with the credentials MLflow would send, opened as urllib does.
+
+    MLflow (through requests) takes `user:password@` from the URI, else MLFLOW_TRACKING_USERNAME and
+    PASSWORD, or MLFLOW_TRACKING_TOKEN; urllib would read the userinfo as part of the host. Its TLS
+    settings (MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH) are kept too.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
+    request = urllib.request.Request(
+        urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"{parts.path.rstrip('/')}/{path}"))
+    )
+    user = (
+        urllib.parse.unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
+    )
+    password = (
+        urllib.parse.unquote(parts.password) if parts.password else os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    )
+    if user and password:
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {basic}")
+    elif token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {token}")
+    context = None
+    if parts.scheme == "https":
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
+            context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
+        elif cert := os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=cert)
+    return urllib.request.urlopen(request, timeout=timeout, context=context)  # noqa: S310 - http(s) only
 
 
 def check_reachable(uri: str) -> None:
@@ -415,7 +470,7 @@ def check_reachable(uri: str) -> None:
         return
     timeout = _timeout()
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/{_PROBE}", timeout=timeout) as response:  # noqa: S310
+        with _get(uri, _PROBE, timeout) as response:
             status, body = response.status, response.read(1 << 16)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
@@ -424,13 +479,13 @@ def check_reachable(uri: str) -> None:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise GptlabError(
-            f"MLflow tracking server {uri} is unreachable ({reason}; waited up to {timeout:g} s, "
+            f"MLflow tracking server {masked_uri(uri)} is unreachable ({reason}; waited up to {timeout:g} s, "
             f"set {TIMEOUT_ENV} to wait longer): start it, or unset MLFLOW_TRACKING_URI to log to the "
             "local store (mlflow.db)"
         ) from None
     if not _mlflow_answer(body):
         raise GptlabError(
-            f"MLFLOW_TRACKING_URI {uri} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
+            f"MLFLOW_TRACKING_URI {masked_uri(uri)} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
             f"HTTP {status}): point it at an `mlflow server`, or unset it to log to the local store (mlflow.db)"
         )
 
