@@ -36,12 +36,13 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # the MLflow side on first use: keeps `gptlab --help` fast
-    from gptlab.tracking.runs import check_reachable, imported_mlflow, masked_uri, tracking_uri
+    from gptlab.tracking.runs import check_reachable, imported_mlflow, masked_uri, store_errors, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()
     check_reachable(store)
-    found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
+    with store_errors(store):
+        found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
     remote = store.startswith(("http://", "https://"))
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)

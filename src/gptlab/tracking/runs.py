@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import ssl
 import sys
 import time
@@ -35,7 +36,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
@@ -84,6 +85,8 @@ def imported_mlflow() -> ModuleType:
 
     if not os.environ.get(VERBOSE_ENV):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # A database error is logged there with its traceback, then raised: store_errors says it in one line.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return mlflow
 
 
@@ -117,6 +120,91 @@ def masked_uri(uri: str) -> str:
 
 class TrackingLost(GptlabError):
     """The tracking server stopped answering during a run and its logging could not all be sent."""
+
+
+class StoreError(GptlabError):
+    """The tracking store cannot be used (read-only, damaged, locked, gone): one line naming it and the fix."""
+
+
+# What a database store's failure says (sqlite's words, lowercased) -> what is wrong and how to fix it.
+_STORE_FAILURES = {
+    "not a database": "is damaged: move its file aside (a new store starts empty) or restore a copy",
+    "malformed": "is damaged: move its file aside (a new store starts empty) or restore a copy",
+    "readonly": "cannot be written: make its file and folder writable",
+    "read-only": "cannot be written: make its file and folder writable",
+    "unable to open": "cannot be opened or created: make its folder writable",
+    "locked": "is locked by another process: rerun once that one (a stage, a sweep, `mlflow ui`) is done, "
+    "or log to an `mlflow server`, which processes share",
+    "disk is full": "cannot grow: its disk is full",
+    "disk i/o error": "cannot be read or written (a disk error): check its disk",
+}
+
+
+@contextmanager
+def store_errors(uri: str) -> Iterator[None]:
+    """Within the block, a tracking store that cannot be used is a StoreError: one line, exit code 2.
+
+    What MLflow raises for it (SQLAlchemy's and sqlite's errors, the server's refusals, a server
+    gone) would otherwise end the command with a traceback of a hundred lines or more.
+    """
+    try:
+        yield
+    except GptlabError:
+        raise
+    except Exception as exc:
+        said = store_failure(uri, exc)
+        if said is None:
+            raise
+        raise StoreError(said) from None
+
+
+def _database_failure(uri: str, detail: str) -> str:
+    """The line for a database store that failed, saying `detail` (the database's own words)."""
+    said = next((said for key, said in _STORE_FAILURES.items() if key in detail.lower()), "fails: check it")
+    what, how = said.split(": ", 1)
+    return f"MLflow tracking store {masked_uri(uri)} {what} ({detail}): {how}, or set MLFLOW_TRACKING_URI to another store"
+
+
+def _check_sqlite(uri: str) -> None:
+    """A local SQLite store that cannot be opened, read or created fails at once (MLflow would retry for 100 s)."""
+    path = Path(uri.removeprefix("sqlite:///").partition("?")[0]).absolute()
+    if not path.exists():
+        folder = next(parent for parent in path.parents if parent.exists())
+        if not os.access(folder, os.W_OK):  # also False on a read-only disk, even for root
+            raise StoreError(
+                _database_failure(uri, f"unable to open database file: {folder} is not writable")
+            )
+        return
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        raise StoreError(_database_failure(uri, _first_line(exc))) from None
+
+
+def store_failure(uri: str, exc: BaseException) -> str | None:
+    """The line saying why the store at `uri` failed with `exc`; None when `exc` is no store failure."""
+    # mlflow on first use: see imported_mlflow
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    store = f"MLflow tracking store {masked_uri(uri)}"
+    fix = "or set MLFLOW_TRACKING_URI to another store"
+    if server_lost(exc):
+        return (
+            f"{store} does not answer ({_first_line(exc)}; set {TIMEOUT_ENV} to wait longer): start it, {fix}"
+        )
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.DBAPIError):
+            return _database_failure(uri, _first_line(seen.orig))
+        if isinstance(seen, MlflowException) and seen.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return (
+                f"{store} refuses the credentials ({_first_line(seen)}): give them as user:password@ in the URI, "
+                "or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _live(method: Callable[Concatenate[StageRun, _P], None]) -> Callable[Concatenate[StageRun, _P], None]:
@@ -193,6 +281,8 @@ class StageRun:
             except Exception as exc:
                 if not server_lost(exc):
                     self.unsent.pop(0)  # a bug or a refused call, not a lost server: never sent again
+                    if (said := store_failure(self.uri, exc)) is not None:
+                        raise StoreError(said) from None
                     raise
                 if self.lost is None:
                     print(
@@ -357,10 +447,6 @@ def stage_run(
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     mlflow = imported_mlflow()
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment_id = _experiment_id(client, experiment)
-    _close_dead_runs(client, experiment_id, stage)
     tags = lineage.run_tags(stage, params)
     if sweep is not None:
         tags[SWEEP_TAG] = sweep
@@ -369,12 +455,17 @@ def stage_run(
             run_name = run_name or f"{stage}/{sweep_variant}"
     if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    run = mlflow.start_run(
-        experiment_id=experiment_id,
-        run_name=run_name or stage,
-        tags=tags,
-        log_system_metrics=system_metrics,
-    )
+    with store_errors(uri):
+        mlflow.set_tracking_uri(uri)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment_id = _experiment_id(client, experiment)
+        _close_dead_runs(client, experiment_id, stage)
+        run = mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name or stage,
+            tags=tags,
+            log_system_metrics=system_metrics,
+        )
     stage_run = StageRun(client, run.info.run_id, uri)
     try:
         stage_run.log_params(params)
@@ -400,6 +491,8 @@ def _end_run(run: StageRun, status: str) -> None:
         imported_mlflow().end_run(status=status)
     except Exception as exc:
         if not server_lost(exc):
+            if (said := store_failure(run.uri, exc)) is not None:
+                raise StoreError(said) from None
             raise
         if status == "FINISHED":
             raise TrackingLost(
@@ -464,8 +557,10 @@ def check_reachable(uri: str) -> None:
 
     The wait is GPTLAB_TRACKING_TIMEOUT seconds (default 10). MLflow's answer to a search of
     experiments is JSON; a server asking for credentials (401, 403) is left to MLflow's own calls.
-    Local stores always answer.
+    A local SQLite store is opened and read once (_check_sqlite).
     """
+    if uri.startswith("sqlite:///"):
+        _check_sqlite(uri)
     if not uri.startswith(("http://", "https://")):
         return
     timeout = _timeout()
@@ -558,9 +653,10 @@ def prepare_store(experiments: list[str]) -> None:
     """
     uri = tracking_uri()
     check_reachable(uri)
-    client = imported_mlflow().MlflowClient(tracking_uri=uri)
-    for name in experiments:
-        _experiment_id(client, name)
+    with store_errors(uri):
+        client = imported_mlflow().MlflowClient(tracking_uri=uri)
+        for name in experiments:
+            _experiment_id(client, name)
 
 
 def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict[str, Any]]:
