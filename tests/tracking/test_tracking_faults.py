@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,10 +70,17 @@ def windows(n: int, seed: int) -> GPTDatasetV1:
     return GPTDatasetV1(ids.tolist(), TINY.context_length, TINY.context_length)
 
 
-def train(tmp_path: Path, name: str, on_epoch_end: Callable[[int, nn.Module], dict] | None) -> TrainResult:
+def train(
+    tmp_path: Path,
+    name: str,
+    on_epoch_end: Callable[[int, nn.Module], dict] | None,
+    *,
+    system_metrics: bool = False,
+) -> TrainResult:
     """A training stage as the real ones run: its MLflow run and resume folder, the shared loop."""
     params = committed_params()
-    params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, system_metrics=False))
+    tracking = dataclasses.replace(params.tracking, system_metrics=system_metrics)
+    params = dataclasses.replace(params, tracking=tracking)
     data = tmp_path / "data.txt"
     data.write_text("toy")
     torch.manual_seed(0)
@@ -152,3 +160,26 @@ def test_a_server_killed_mid_training_for_good_fails_the_stage_keeping_what_trai
         finished[0].info.run_id, "curves/train_loss"
     )
     assert sorted(m.step for m in logged) == [int(row["step"]) for row in rerun.history]
+
+
+@pytest.mark.slow
+def test_a_server_killed_for_good_ends_the_stage_within_the_tracking_timeout(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the last epoch: what follows is only tracking (the last logging, the wait for the
+    server, the run's end, the system metrics thread), bounded by GPTLAB_TRACKING_TIMEOUT (3 s here)
+    plus a margin for the work itself. With MLflow's retries and backoff it took minutes."""
+    monkeypatch.chdir(tmp_path)
+    killed: list[float] = []
+
+    def kill_after_the_last_epoch(epoch: int, model: nn.Module) -> dict:
+        if epoch == LOOP.epochs:
+            server.kill()
+            killed.append(time.monotonic())
+        return {}
+
+    with pytest.raises(TrackingLost) as lost:
+        train(tmp_path, "toy-timeout", kill_after_the_last_epoch, system_metrics=True)
+    waited = time.monotonic() - killed[0]
+    assert "waited 3 s" in str(lost.value) and "\n" not in str(lost.value)
+    assert waited < 3 + 5, f"the stage failed {waited:.1f} s after the server died"

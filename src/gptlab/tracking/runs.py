@@ -25,6 +25,7 @@ import base64
 import functools
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -443,9 +444,7 @@ def stage_run(
         return
     uri = tracking_uri()
     check_reachable(uri)
-    # Bounded retries: a server that stops answering mid-run fails the stage in seconds, not minutes.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    bound_http_calls()
     mlflow = imported_mlflow()
     tags = lineage.run_tags(stage, params)
     if sweep is not None:
@@ -499,6 +498,19 @@ def _end_run(run: StageRun, status: str) -> None:
                 f"MLflow tracking server {masked_uri(run.uri)} stopped answering as the run ended ({_first_line(exc)}): "
                 "the stage's outputs are written; rerun it once the server answers"
             ) from None
+
+
+def bound_http_calls() -> None:
+    """MLflow's own HTTP calls give up within GPTLAB_TRACKING_TIMEOUT: one retry, at once.
+
+    MLflow's defaults (7 retries, backoff factor 2, 120 s timeout) make a call to a dead server last
+    minutes, and a lost server costs each kept call, the system metrics thread and the run's end one
+    such wait. Values the user set for MLflow's variables are kept.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(_timeout()))))
 
 
 def _timeout() -> float:
