@@ -676,15 +676,17 @@ def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict
 
     Each: its run id, status and `wall_seconds` (the training loop's time), keyed by variant.
     """
-    client = imported_mlflow().MlflowClient(tracking_uri=tracking_uri())
-    ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
-    if not ids:
-        return {}
-    runs = client.search_runs(
-        ids,
-        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`gptlab.stage` = '{stage}'",
-        order_by=["attributes.start_time DESC"],
-    )
+    uri = tracking_uri()
+    with store_errors(uri):
+        client = imported_mlflow().MlflowClient(tracking_uri=uri)
+        ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
+        if not ids:
+            return {}
+        runs = client.search_runs(
+            ids,
+            filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`gptlab.stage` = '{stage}'",
+            order_by=["attributes.start_time DESC"],
+        )
     found: dict[str, dict[str, Any]] = {}
     for run in runs:
         variant = run.data.tags.get(SWEEP_VARIANT_TAG)
