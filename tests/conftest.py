@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import TINY_GPT, cache_dir, inputs_dir
+from helpers import TINY_GPT, MlflowServer, cache_dir, inputs_dir
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +53,16 @@ def isolated_tools(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     # The stages a test runs find their inputs in the tests' cache (filled by `shared_data`).
     monkeypatch.setenv("GPTLAB_MIRROR", str(cache_dir()))
     return uri
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    """A real `mlflow server` in a subprocess, MLFLOW_TRACKING_URI pointing at it, a 3 s tracking timeout."""
+    running = MlflowServer(tmp_path / "server")
+    running.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.uri)
+    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "3")
+    try:
+        yield running
+    finally:
+        running.kill()

@@ -392,3 +392,50 @@ def invoke(url: str, body: Mapping[str, Any]) -> tuple[int, Any]:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def free_port() -> int:
+    """A local TCP port free now, for a server a test starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(
+    url: str, process: subprocess.Popen[bytes], seconds: float = 180, log: Path | None = None
+) -> None:
+    """Until `url` answers HTTP (any status); fails the test if `process` exits or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the server for {url} exited with {process.returncode}"
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"{url} did not answer within {seconds} s" + (f": {log.read_text()[-3000:]}" if log else ""))
+
+
+class MlflowServer:
+    """A real `mlflow server` on a SQLite store, started and killed (SIGKILL, all its processes)."""
+
+    def __init__(self, store: Path) -> None:
+        self.store, self.port = store, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.store.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--backend-store-uri", f"sqlite:///{self.store}/mlflow.db", "--workers", "1"]
+        command += ["--artifacts-destination", str(self.store / "artifacts")]
+        with (self.store / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()

@@ -1,4 +1,4 @@
-"""The stage scripts' shared entry point: SIGTERM stops a stage as Ctrl-C does."""
+"""The stage scripts' shared entry point: SIGTERM stops a stage as Ctrl-C does, each in one line."""
 
 from __future__ import annotations
 
@@ -44,3 +44,28 @@ def test_a_stage_stopped_by_sigterm_says_so_in_one_line_and_exits_143(
     assert exit_info.value.code == 128 + signal.SIGTERM
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("stopped by SIGTERM: rerun the stage")
+
+
+def test_a_stage_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params_file = write_committed_params(tmp_path)
+
+    def run(params: Params) -> None:
+        with stage_run("eval", "exp-sigint", {}) as tracked:
+            runs.append(tracked.run_id)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # Python's handler raises KeyboardInterrupt here, at once
+
+    runs: list[str] = []
+    # Python's own SIGINT handler, as in a terminal (a shell's background job starts with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            stage_main(run, "a stage", ["--params", str(params_file)])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert exit_info.value.code == 128 + signal.SIGINT
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("stopped by SIGINT (Ctrl-C): rerun the stage")
+    assert MlflowClient(tracking_uri()).get_run(runs[0]).info.status == "KILLED"

@@ -9,15 +9,10 @@ which keeps the trained state, so the rerun trains nothing again and logs a comp
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,69 +30,12 @@ from gptlab.tracking.runs import TrackingLost
 from gptlab.training.loop import TrainResult
 from gptlab.training.losses import next_token_loss
 
-from helpers import checkpoint_config, committed_params, train_config
+from helpers import MlflowServer, checkpoint_config, committed_params, free_port, train_config, wait_for
 
 TINY = ModelConfig(vocab_size=300, context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
 # 3 epochs of 5 steps, an evaluation every 2 steps and a checkpoint at every epoch's end.
 LOOP = train_config(batch_size=4, epochs=3, lr=5e-3, eval_freq=2, eval_iter=1, rng="book")
 CHECKPOINTS = checkpoint_config(every_steps=1000, keep=1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(
-    url: str, process: subprocess.Popen[bytes], seconds: float = 180, log: Path | None = None
-) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the server for {url} exited with {process.returncode}"
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"{url} did not answer within {seconds} s" + (f": {log.read_text()[-3000:]}" if log else ""))
-
-
-class MlflowServer:
-    """A real `mlflow server` on a SQLite store, started and killed (SIGKILL, all its processes)."""
-
-    def __init__(self, store: Path) -> None:
-        self.store, self.port = store, free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.store.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--backend-store-uri", f"sqlite:///{self.store}/mlflow.db", "--workers", "1"]
-        command += ["--artifacts-destination", str(self.store / "artifacts")]
-        with (self.store / "server.log").open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
-        wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    running = MlflowServer(tmp_path / "server")
-    running.start()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.uri)
-    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "3")
-    try:
-        yield running
-    finally:
-        running.kill()
 
 
 @pytest.mark.slow
@@ -132,10 +70,17 @@ def windows(n: int, seed: int) -> GPTDatasetV1:
     return GPTDatasetV1(ids.tolist(), TINY.context_length, TINY.context_length)
 
 
-def train(tmp_path: Path, name: str, on_epoch_end: Callable[[int, nn.Module], dict] | None) -> TrainResult:
+def train(
+    tmp_path: Path,
+    name: str,
+    on_epoch_end: Callable[[int, nn.Module], dict] | None,
+    *,
+    system_metrics: bool = False,
+) -> TrainResult:
     """A training stage as the real ones run: its MLflow run and resume folder, the shared loop."""
     params = committed_params()
-    params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, system_metrics=False))
+    tracking = dataclasses.replace(params.tracking, system_metrics=system_metrics)
+    params = dataclasses.replace(params, tracking=tracking)
     data = tmp_path / "data.txt"
     data.write_text("toy")
     torch.manual_seed(0)
@@ -215,3 +160,26 @@ def test_a_server_killed_mid_training_for_good_fails_the_stage_keeping_what_trai
         finished[0].info.run_id, "curves/train_loss"
     )
     assert sorted(m.step for m in logged) == [int(row["step"]) for row in rerun.history]
+
+
+@pytest.mark.slow
+def test_a_server_killed_for_good_ends_the_stage_within_the_tracking_timeout(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the last epoch: what follows is only tracking (the last logging, the wait for the
+    server, the run's end, the system metrics thread), bounded by GPTLAB_TRACKING_TIMEOUT (3 s here)
+    plus a margin for the work itself. With MLflow's retries and backoff it took minutes."""
+    monkeypatch.chdir(tmp_path)
+    killed: list[float] = []
+
+    def kill_after_the_last_epoch(epoch: int, model: nn.Module) -> dict:
+        if epoch == LOOP.epochs:
+            server.kill()
+            killed.append(time.monotonic())
+        return {}
+
+    with pytest.raises(TrackingLost) as lost:
+        train(tmp_path, "toy-timeout", kill_after_the_last_epoch, system_metrics=True)
+    waited = time.monotonic() - killed[0]
+    assert "waited 3 s" in str(lost.value) and "\n" not in str(lost.value)
+    assert waited < 3 + 5, f"the stage failed {waited:.1f} s after the server died"

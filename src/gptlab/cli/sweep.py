@@ -22,7 +22,7 @@ from gptlab.experiments import sweep as sweeps
 from gptlab.experiments.profiles import dvc_executable, experiment_env, profile_path
 from gptlab.experiments.smoke import source_commit_env
 from gptlab.pipeline.stage import Terminated, sigterm_stops
-from gptlab.tracking.runs import prepare_store, sweep_runs
+from gptlab.tracking.runs import masked_uri, prepare_store, sweep_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         runs = sweep_runs(ran, sweep.name, sweep.file.stage) if ran else {}
     except Exception as exc:  # noqa: BLE001 - the table is written without the times rather than lost
         reason = describe_failure(exc) or f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-        print(f"warning: no training times from MLflow ({reason})", file=sys.stderr)
+        print(f"warning: no training times from MLflow ({masked_uri(reason)})", file=sys.stderr)
         runs = {}
     rows = sweeps.collect(sweep, found, project, runs)
     csv_path, md_path = sweeps.write_table(sweep, rows, args.out or sweeps.SWEEP_REPORTS, commit=commit)

@@ -36,17 +36,18 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # the MLflow side on first use: keeps `gptlab --help` fast
-    from gptlab.tracking.runs import check_reachable, imported_mlflow, tracking_uri
+    from gptlab.tracking.runs import check_reachable, imported_mlflow, masked_uri, store_errors, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()
     check_reachable(store)
-    found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
+    with store_errors(store):
+        found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
     remote = store.startswith(("http://", "https://"))
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)
     missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"
-    print(f"MLflow UI, experiment {name!r}{missing}: {url}", flush=True)
+    print(f"MLflow UI, experiment {name!r}{missing}: {masked_uri(url)}", flush=True)
     if remote or args.print_url:
         return 0
     mlflow = Path(sys.executable).with_name("mlflow")

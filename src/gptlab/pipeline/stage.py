@@ -4,10 +4,10 @@ It parses `--params`, loads and checks params.yaml before any work, runs the
 stage, and turns an expected failure into one line on stderr and exit code 2,
 so DVC never caches a broken output. Under torchrun only rank 0 prints.
 
-SIGTERM (what `dvc queue kill`, `timeout` and schedulers send) stops a stage as
-Ctrl-C does: it raises `Terminated`, a KeyboardInterrupt, in the main thread, so
-the stage's MLflow run ends KILLED and its resumable state stays for the rerun
-(a save in flight is finished first); the stage exits with 143. Under torchrun
+Ctrl-C (SIGINT) stops a stage in one line with exit code 130: its MLflow run
+ends KILLED and its resumable state stays for the rerun (a save in flight is
+finished first). SIGTERM (what `dvc queue kill`, `timeout` and schedulers send)
+does the same with 143: it raises `Terminated`, a KeyboardInterrupt, in the main thread. Under torchrun
 the agent passes the signal on to every rank, and each stops the same way (one
 waiting in a collective stops once its peers have gone). A second SIGTERM acts
 as it did before: the process ends at once.
@@ -94,6 +94,12 @@ def stage_main(
     except Terminated as exc:
         print(f"{exc}: rerun the stage (one that trains resumes from its last checkpoint)", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)  # the shell's code for a process ended by SIGTERM
+    except KeyboardInterrupt:
+        print(
+            "stopped by SIGINT (Ctrl-C): rerun the stage (one that trains resumes from its last checkpoint)",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signal.SIGINT)  # the shell's code for a process ended by SIGINT
     except (GptlabError, OSError, yaml.YAMLError) as exc:  # expected: one line; anything else is a bug
         print(f"error: {describe_failure(exc)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)

@@ -20,7 +20,16 @@ from types import ModuleType
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.tracking.runs import StageRun, check_reachable, imported_mlflow, tracking_uri
+from gptlab.tracking.runs import (
+    StageRun,
+    StoreError,
+    check_reachable,
+    imported_mlflow,
+    masked_uri,
+    store_errors,
+    store_failure,
+    tracking_uri,
+)
 
 # Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
 MODEL_KINDS: dict[str, tuple[str, str]] = {
@@ -63,6 +72,19 @@ def log_model(
     from gptlab.model.checkpoint import verify_model_folder
 
     verify_model_folder(checkpoint)
+    with store_errors(run.uri):
+        return _log_model(run, kind, checkpoint, experiment, bpe_files, defaults, headline)
+
+
+def _log_model(
+    run: StageRun,
+    kind: str,
+    checkpoint: Path | str,
+    experiment: str,
+    bpe_files: tuple[Path, Path],
+    defaults: Mapping[str, Any],
+    headline: Mapping[str, float],
+) -> str:
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
     mlflow = imported_mlflow()
@@ -121,18 +143,10 @@ def _unwritten_model(mlflow: ModuleType, run: StageRun, kind: str, exc: OSError)
     if written and store.scheme == "file" and not Path(written).is_relative_to(store.path):
         return GptlabError(f"cannot log the {kind} model: cannot write {written}: {reason}")
     return GptlabError(
-        f"cannot log the {kind} model into the artifact store {_masked(failed.artifact_location)}: "
+        f"cannot log the {kind} model into the artifact store {masked_uri(failed.artifact_location)}: "
         f"{reason} (its partial copy is deleted, model {failed.model_id} stays FAILED); "
         "free space there, then rerun the stage"
     )
-
-
-def _masked(uri: str) -> str:
-    """`uri` with the password of its user info as `***`: never shown."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def version_description(kind: str, run: StageRun, headline: Mapping[str, float]) -> str:
@@ -162,7 +176,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
 
     store = tracking_uri()
     check_reachable(store)
-    with tempfile.TemporaryDirectory(prefix="gptlab-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gptlab-model-") as tmp, store_errors(store):
         try:
             local = Path(
                 mlflow.artifacts.download_artifacts(
@@ -170,12 +184,14 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
                 )
             )
         except MlflowException as exc:
+            if (said := store_failure(store, exc)) is not None:
+                raise StoreError(said) from None
             hint = (
                 " (set the alias with `gptlab promote NAME VERSION`)"
                 if "@" in uri and uri.startswith("models:/")
                 else ""
             )
-            raise GptlabError(f"{uri}: no such model in {store}: {exc.message}{hint}") from None
+            raise GptlabError(f"{uri}: no such model in {masked_uri(store)}: {exc.message}{hint}") from None
         model = Model.load(local)
         artifacts = model.flavors.get("python_function", {}).get("artifacts", {})
         found = {name: local / entry["path"] for name, entry in artifacts.items()}
@@ -193,18 +209,21 @@ def promote(name: str, version: str, alias: str = CHAMPION) -> str:
 
     store = tracking_uri()
     check_reachable(store)
-    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
-    try:
-        client.get_model_version(name, version)
-    except MlflowException:
+    with store_errors(store):
+        client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
         try:
-            versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
-        except MlflowException:
-            versions = []
-        known = f"its versions are {', '.join(map(str, versions))}" if versions else "it has no versions"
-        raise GptlabError(
-            f"no version {version} of registered model {name!r} in {store}: {known} "
-            "(each successful training stage registers one)"
-        ) from None
-    client.set_registered_model_alias(name, alias, version)
+            client.get_model_version(name, version)
+        except MlflowException as exc:
+            if (said := store_failure(store, exc)) is not None:
+                raise StoreError(said) from None
+            try:
+                versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+            except MlflowException:
+                versions = []
+            known = f"its versions are {', '.join(map(str, versions))}" if versions else "it has no versions"
+            raise GptlabError(
+                f"no version {version} of registered model {name!r} in {masked_uri(store)}: {known} "
+                "(each successful training stage registers one)"
+            ) from None
+        client.set_registered_model_alias(name, alias, version)
     return f"models:/{name}@{alias}"

@@ -21,17 +21,23 @@ name, only when a model is logged or served.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
+import math
 import os
+import re
 import socket
+import sqlite3
+import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
@@ -80,6 +86,8 @@ def imported_mlflow() -> ModuleType:
 
     if not os.environ.get(VERBOSE_ENV):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # A database error is logged there with its traceback, then raised: store_errors says it in one line.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return mlflow
 
 
@@ -99,8 +107,105 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
 
 
+# The password of a URI's userinfo (scheme://user:PASSWORD@host); the last `@` ends it, as in urllib.
+_PASSWORD = re.compile(r"(?P<user>[A-Za-z][A-Za-z0-9+.\-]*://[^/?#\s:@]*):[^/?#\s]*@")
+
+
+def masked_uri(uri: str) -> str:
+    """`uri` with its password shown as *** (http://alice:***@host:port), fit to print; other URIs unchanged.
+
+    Also masks every URI within a longer text (an error message quoting the URI it called).
+    """
+    return _PASSWORD.sub(r"\g<user>:***@", uri)
+
+
 class TrackingLost(GptlabError):
     """The tracking server stopped answering during a run and its logging could not all be sent."""
+
+
+class StoreError(GptlabError):
+    """The tracking store cannot be used (read-only, damaged, locked, gone): one line naming it and the fix."""
+
+
+# What a database store's failure says (sqlite's words, lowercased) -> what is wrong and how to fix it.
+_STORE_FAILURES = {
+    "not a database": "is damaged: move its file aside (a new store starts empty) or restore a copy",
+    "malformed": "is damaged: move its file aside (a new store starts empty) or restore a copy",
+    "readonly": "cannot be written: make its file and folder writable",
+    "read-only": "cannot be written: make its file and folder writable",
+    "unable to open": "cannot be opened or created: make its folder writable",
+    "locked": "is locked by another process: rerun once that one (a stage, a sweep, `mlflow ui`) is done, "
+    "or log to an `mlflow server`, which processes share",
+    "disk is full": "cannot grow: its disk is full",
+    "disk i/o error": "cannot be read or written (a disk error): check its disk",
+}
+
+
+@contextmanager
+def store_errors(uri: str) -> Iterator[None]:
+    """Within the block, a tracking store that cannot be used is a StoreError: one line, exit code 2.
+
+    What MLflow raises for it (SQLAlchemy's and sqlite's errors, the server's refusals, a server
+    gone) would otherwise end the command with a traceback of a hundred lines or more.
+    """
+    try:
+        yield
+    except GptlabError:
+        raise
+    except Exception as exc:
+        said = store_failure(uri, exc)
+        if said is None:
+            raise
+        raise StoreError(said) from None
+
+
+def _database_failure(uri: str, detail: str) -> str:
+    """The line for a database store that failed, saying `detail` (the database's own words)."""
+    said = next((said for key, said in _STORE_FAILURES.items() if key in detail.lower()), "fails: check it")
+    what, how = said.split(": ", 1)
+    return f"MLflow tracking store {masked_uri(uri)} {what} ({detail}): {how}, or set MLFLOW_TRACKING_URI to another store"
+
+
+def _check_sqlite(uri: str) -> None:
+    """A local SQLite store that cannot be opened, read or created fails at once (MLflow would retry for 100 s)."""
+    path = Path(uri.removeprefix("sqlite:///").partition("?")[0]).absolute()
+    if not path.exists():
+        folder = next(parent for parent in path.parents if parent.exists())
+        if not os.access(folder, os.W_OK):  # also False on a read-only disk, even for root
+            raise StoreError(
+                _database_failure(uri, f"unable to open database file: {folder} is not writable")
+            )
+        return
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        raise StoreError(_database_failure(uri, _first_line(exc))) from None
+
+
+def store_failure(uri: str, exc: BaseException) -> str | None:
+    """The line saying why the store at `uri` failed with `exc`; None when `exc` is no store failure."""
+    # mlflow on first use: see imported_mlflow
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    store = f"MLflow tracking store {masked_uri(uri)}"
+    fix = "or set MLFLOW_TRACKING_URI to another store"
+    if server_lost(exc):
+        return (
+            f"{store} does not answer ({_first_line(exc)}; set {TIMEOUT_ENV} to wait longer): start it, {fix}"
+        )
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.DBAPIError):
+            return _database_failure(uri, _first_line(seen.orig))
+        if isinstance(seen, MlflowException) and seen.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return (
+                f"{store} refuses the credentials ({_first_line(seen)}): give them as user:password@ in the URI, "
+                "or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _live(method: Callable[Concatenate[StageRun, _P], None]) -> Callable[Concatenate[StageRun, _P], None]:
@@ -177,10 +282,12 @@ class StageRun:
             except Exception as exc:
                 if not server_lost(exc):
                     self.unsent.pop(0)  # a bug or a refused call, not a lost server: never sent again
+                    if (said := store_failure(self.uri, exc)) is not None:
+                        raise StoreError(said) from None
                     raise
                 if self.lost is None:
                     print(
-                        f"warning: MLflow tracking server {self.uri} stopped answering; the stage goes on "
+                        f"warning: MLflow tracking server {masked_uri(self.uri)} stopped answering; the stage goes on "
                         f"and its logging is kept to send once the server answers ({_first_line(exc)})",
                         file=sys.stderr,
                     )
@@ -192,7 +299,8 @@ class StageRun:
             self.unsent.pop(0)
         if self.lost is not None:
             print(
-                f"MLflow tracking server {self.uri} answers again: the kept logging is sent", file=sys.stderr
+                f"MLflow tracking server {masked_uri(self.uri)} answers again: the kept logging is sent",
+                file=sys.stderr,
             )
             self.lost = None
         return True
@@ -208,7 +316,7 @@ class StageRun:
         while not (_answers(self.uri) and self._send_unsent()):
             if time.monotonic() >= deadline:
                 raise TrackingLost(
-                    f"MLflow tracking server {self.uri} stopped answering during the run ({self.lost}) and "
+                    f"MLflow tracking server {masked_uri(self.uri)} stopped answering during the run ({self.lost}) and "
                     f"{len(self.unsent)} logging calls could not be sent (waited {_timeout():g} s, set "
                     f"{TIMEOUT_ENV} to wait longer): {rerun}"
                 )
@@ -336,26 +444,27 @@ def stage_run(
         return
     uri = tracking_uri()
     check_reachable(uri)
-    # Bounded retries: a server that stops answering mid-run fails the stage in seconds, not minutes.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    bound_http_calls()
     mlflow = imported_mlflow()
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment_id = _experiment_id(client, experiment)
-    _close_dead_runs(client, experiment_id, stage)
     tags = lineage.run_tags(stage, params)
     if sweep is not None:
         tags[SWEEP_TAG] = sweep
         if sweep_variant is not None:
             tags[SWEEP_VARIANT_TAG] = sweep_variant
             run_name = run_name or f"{stage}/{sweep_variant}"
-    run = mlflow.start_run(
-        experiment_id=experiment_id,
-        run_name=run_name or stage,
-        tags=tags,
-        log_system_metrics=system_metrics,
-    )
+    if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    with store_errors(uri):
+        mlflow.set_tracking_uri(uri)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment_id = _experiment_id(client, experiment)
+        _close_dead_runs(client, experiment_id, stage)
+        run = mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name or stage,
+            tags=tags,
+            log_system_metrics=system_metrics,
+        )
     stage_run = StageRun(client, run.info.run_id, uri)
     try:
         stage_run.log_params(params)
@@ -368,6 +477,10 @@ def stage_run(
         _end_run(stage_run, "FAILED")
         raise
     _end_run(stage_run, "FINISHED")
+    if masked_uri(uri) != uri:
+        print(
+            f"🏃 View run at: {masked_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+        )
 
 
 def _end_run(run: StageRun, status: str) -> None:
@@ -377,12 +490,27 @@ def _end_run(run: StageRun, status: str) -> None:
         imported_mlflow().end_run(status=status)
     except Exception as exc:
         if not server_lost(exc):
+            if (said := store_failure(run.uri, exc)) is not None:
+                raise StoreError(said) from None
             raise
         if status == "FINISHED":
             raise TrackingLost(
-                f"MLflow tracking server {run.uri} stopped answering as the run ended ({_first_line(exc)}): "
+                f"MLflow tracking server {masked_uri(run.uri)} stopped answering as the run ended ({_first_line(exc)}): "
                 "the stage's outputs are written; rerun it once the server answers"
             ) from None
+
+
+def bound_http_calls() -> None:
+    """MLflow's own HTTP calls give up within GPTLAB_TRACKING_TIMEOUT: one retry, at once.
+
+    MLflow's defaults (7 retries, backoff factor 2, 120 s timeout) make a call to a dead server last
+    minutes, and a lost server costs each kept call, the system metrics thread and the run's end one
+    such wait. Values the user set for MLflow's variables are kept.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(_timeout()))))
 
 
 def _timeout() -> float:
@@ -390,13 +518,13 @@ def _timeout() -> float:
 
 
 def _first_line(exc: BaseException) -> str:
-    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+    return masked_uri(next(iter(str(exc).strip().splitlines()), type(exc).__name__))
 
 
 def _answers(uri: str) -> bool:
     """Whether the server at `uri` answers HTTP at all (a quick look, before sending kept logging)."""
     try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=2).close()  # noqa: S310 - http(s) only
+        _get(uri, "health", timeout=2).close()
     except urllib.error.HTTPError:
         return True
     except (OSError, ValueError):
@@ -404,18 +532,52 @@ def _answers(uri: str) -> bool:
     return True
 
 
+def _get(uri: str, path: str, timeout: float) -> Any:
+    """GET `path` of the server at `uri` with the credentials MLflow would send, opened as urllib does.
+
+    MLflow (through requests) takes `user:password@` from the URI, else MLFLOW_TRACKING_USERNAME and
+    PASSWORD, or MLFLOW_TRACKING_TOKEN; urllib would read the userinfo as part of the host. Its TLS
+    settings (MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH) are kept too.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
+    request = urllib.request.Request(
+        urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"{parts.path.rstrip('/')}/{path}"))
+    )
+    user = (
+        urllib.parse.unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
+    )
+    password = (
+        urllib.parse.unquote(parts.password) if parts.password else os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    )
+    if user and password:
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {basic}")
+    elif token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {token}")
+    context = None
+    if parts.scheme == "https":
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
+            context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
+        elif cert := os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=cert)
+    return urllib.request.urlopen(request, timeout=timeout, context=context)  # noqa: S310 - http(s) only
+
+
 def check_reachable(uri: str) -> None:
     """Fail fast, naming the URI, when a tracking server does not answer, or not as MLflow does.
 
     The wait is GPTLAB_TRACKING_TIMEOUT seconds (default 10). MLflow's answer to a search of
     experiments is JSON; a server asking for credentials (401, 403) is left to MLflow's own calls.
-    Local stores always answer.
+    A local SQLite store is opened and read once (_check_sqlite).
     """
+    if uri.startswith("sqlite:///"):
+        _check_sqlite(uri)
     if not uri.startswith(("http://", "https://")):
         return
     timeout = _timeout()
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/{_PROBE}", timeout=timeout) as response:  # noqa: S310
+        with _get(uri, _PROBE, timeout) as response:
             status, body = response.status, response.read(1 << 16)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
@@ -424,13 +586,13 @@ def check_reachable(uri: str) -> None:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise GptlabError(
-            f"MLflow tracking server {uri} is unreachable ({reason}; waited up to {timeout:g} s, "
+            f"MLflow tracking server {masked_uri(uri)} is unreachable ({reason}; waited up to {timeout:g} s, "
             f"set {TIMEOUT_ENV} to wait longer): start it, or unset MLFLOW_TRACKING_URI to log to the "
             "local store (mlflow.db)"
         ) from None
     if not _mlflow_answer(body):
         raise GptlabError(
-            f"MLFLOW_TRACKING_URI {uri} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
+            f"MLFLOW_TRACKING_URI {masked_uri(uri)} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
             f"HTTP {status}): point it at an `mlflow server`, or unset it to log to the local store (mlflow.db)"
         )
 
@@ -503,9 +665,10 @@ def prepare_store(experiments: list[str]) -> None:
     """
     uri = tracking_uri()
     check_reachable(uri)
-    client = imported_mlflow().MlflowClient(tracking_uri=uri)
-    for name in experiments:
-        _experiment_id(client, name)
+    with store_errors(uri):
+        client = imported_mlflow().MlflowClient(tracking_uri=uri)
+        for name in experiments:
+            _experiment_id(client, name)
 
 
 def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict[str, Any]]:
@@ -513,15 +676,17 @@ def sweep_runs(experiments: list[str], sweep: str, stage: str) -> dict[str, dict
 
     Each: its run id, status and `wall_seconds` (the training loop's time), keyed by variant.
     """
-    client = imported_mlflow().MlflowClient(tracking_uri=tracking_uri())
-    ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
-    if not ids:
-        return {}
-    runs = client.search_runs(
-        ids,
-        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`gptlab.stage` = '{stage}'",
-        order_by=["attributes.start_time DESC"],
-    )
+    uri = tracking_uri()
+    with store_errors(uri):
+        client = imported_mlflow().MlflowClient(tracking_uri=uri)
+        ids = [found.experiment_id for name in experiments if (found := client.get_experiment_by_name(name))]
+        if not ids:
+            return {}
+        runs = client.search_runs(
+            ids,
+            filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`gptlab.stage` = '{stage}'",
+            order_by=["attributes.start_time DESC"],
+        )
     found: dict[str, dict[str, Any]] = {}
     for run in runs:
         variant = run.data.tags.get(SWEEP_VARIANT_TAG)

@@ -1,0 +1,89 @@
+"""Tracking URIs with credentials (issue 43, items 4 and 5): accepted as MLflow accepts them, never printed.
+
+A real `mlflow server` takes any credentials; what is checked is that gptlab's reachability probe
+reaches it through `user:password@`, and that no stage, `gptlab ui` or `classify` output shows the password.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gptlab.cli.main import main
+from gptlab.tracking.runs import masked_uri
+
+from helpers import (
+    PROJECT_ROOT,
+    MlflowServer,
+    closed_url,
+    committed_params,
+    one_line_error,
+    write_committed_params,
+)
+
+PASSWORD = "S3cr3tPW"
+
+
+def test_masked_uri_hides_the_password_of_every_uri_in_a_text() -> None:
+    assert masked_uri(f"http://alice:{PASSWORD}@host:5000") == "http://alice:***@host:5000"
+    assert masked_uri("https://alice:p@ss@host/mlflow") == "https://alice:***@host/mlflow"
+    assert masked_uri(f"postgresql://u:{PASSWORD}@db/mlflow") == "postgresql://u:***@db/mlflow"
+    said = f"API request to http://a:{PASSWORD}@h:1/api failed; retried http://b:{PASSWORD}@h:2"
+    assert masked_uri(said) == "API request to http://a:***@h:1/api failed; retried http://b:***@h:2"
+    for unchanged in ("http://host:5000", "http://alice@host", "sqlite:////tmp/a@b/mlflow.db", "databricks"):
+        assert masked_uri(unchanged) == unchanged
+
+
+def test_an_unreachable_server_is_named_without_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    host = closed_url().removeprefix("http://")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{PASSWORD}@{host}")
+    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "2")
+    assert main(["ui", "--experiment", "exp", "--print-url"]) == 2
+    line = one_line_error(capsys, "ui")
+    assert f"http://alice:***@{host} is unreachable" in line and "Connection refused" in line, line
+
+
+@pytest.mark.slow
+def test_credentials_in_the_uri_or_the_environment_reach_the_server_and_are_never_shown(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    write_committed_params(tmp_path)
+    experiment_name = committed_params().tracking.experiment
+    host = server.uri.removeprefix("http://")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{PASSWORD}@{host}")
+    report = ["report", "--reports", str(tmp_path / "reports"), "--out", str(tmp_path / "R.md")]
+    report += ["--book", str(PROJECT_ROOT / "reproduction" / "book.yaml")]
+    assert main(report) == 0  # a stage's run: checked, logged and ended through the credentials
+    out, err = capsys.readouterr()
+    assert f"View run at: http://alice:***@{host}/#/experiments/" in out
+
+    assert main(["ui", "--print-url"]) == 0
+    ui_out, ui_err = capsys.readouterr()
+    assert f"http://alice:***@{host}/#/experiments/" in ui_out
+
+    assert main(["classify", "--model", "models:/gptlab-spam@champion", "hi"]) == 2
+    line = one_line_error(capsys, "classify")
+    assert f"no such model in http://alice:***@{host}" in line, line
+    assert PASSWORD not in out + err + ui_out + ui_err + line
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    assert main(report) == 0
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", PASSWORD)
+    assert main(report) == 0
+    assert PASSWORD not in "".join(capsys.readouterr())
+
+    client = MlflowClient(tracking_uri=server.uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'report'")
+    assert [run.info.status for run in runs] == ["FINISHED"] * 3
