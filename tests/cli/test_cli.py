@@ -116,3 +116,12 @@ def test_device_is_auto_unless_given_and_an_unavailable_one_names_the_flag(
     missing = "mps" if torch.cuda.is_available() else "cuda"  # no machine has both
     assert main([command, "Hi", "--model", str(checkpoint), "--device", missing]) == 2
     assert one_line_error(capsys, command).startswith(f"gptlab {command}: --device: {missing} was requested")
+
+
+def test_the_top_help_says_which_command_runs_the_pipeline_when(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for command in ("gptlab smoke", "dvc repro", "gptlab run", "gptlab sweep"):
+        (line,) = [line for line in lines if line.strip().startswith(command)]
+        assert len(line.split(command, 1)[1].strip()) > 20, line  # each with what it is for

@@ -9,6 +9,7 @@ files for the CLI. The registry is the tracking store's (`tracking.tracking_uri`
 from __future__ import annotations
 
 import importlib
+import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +26,11 @@ MODEL_KINDS: dict[str, tuple[str, str]] = {
     "instruct": ("instruct", "instruct"),
 }
 CHAMPION = "champion"
+
+# MLflow draws a progress bar for every artifact download: one for a model's 87 files when the CLI
+# loads models:/..., another inside pyfunc.log_model when a stage logs one. Noise in a terminal and
+# in a stage's log, so off wherever gptlab logs or loads a model (an explicit setting wins).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def registered_model_name(experiment: str, kind: str) -> str:
