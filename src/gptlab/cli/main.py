@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gptlab.cli.mirror",
         "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
     ),
-    "report": ("gptlab.cli.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
+    "report": ("gptlab.cli.report", "the book's figures beside a run's, in .gptlab/REPRODUCTION.md"),
     "promote": ("gptlab.cli.promote", "set the champion alias of a registered model's version"),
     "ui": ("gptlab.cli.ui", "start the MLflow UI on the project's store, at the experiment's runs"),
 }
