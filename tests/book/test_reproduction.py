@@ -118,6 +118,7 @@ def test_matching_value_is_ok_outside_tolerance_is_off_missing_file_is_not_run(
     assert outcomes["match"].status == OK and outcomes["match"].ours == pytest.approx(10.9874)
     assert outcomes["csv-match"].status == OK
     assert outcomes["off"].status == OFF
+    assert outcomes["off"].reason == "off by 1.00, more than the tolerance"  # 11.5 against 10.5
     assert outcomes["summed"].status == OK and outcomes["summed"].ours == 5
     assert outcomes["no-file"].status == NOT_RUN and "stage not run" in outcomes["no-file"].reason
     assert outcomes["no-key"].status == NOT_RUN and "final_train_loss" in outcomes["no-key"].reason
@@ -245,13 +246,13 @@ def test_cli_writes_the_report_and_exits_0(
 ) -> None:
     book = small_book(tmp_path / "book.yaml", figure("match"), figure("openai", needs="OpenAI's weights"))
     out = tmp_path / "out" / "REPRODUCTION.md"
-    assert main(["report", "--reports", str(reports), "--book", str(book), "--out", str(out)]) == 0
+    assert main(["report", "--reports", str(reports), "--book", str(book), "--out", str(out), "--log"]) == 0
     text = out.read_text(encoding="utf-8")
     assert "## Chapter 5: Pretraining on unlabeled data" in text
     assert "| ✓ |" in text
     assert "not run: needs OpenAI's weights; this run's gpt2.source is pretrain" in text
     assert "1 ✓, 0 ✗, 1 not run" in capsys.readouterr().out
-    # Also logged to MLflow, as a `report` run holding the same text.
+    # Asked to (--log), it is also logged to MLflow, as a `report` run holding the same text.
     client = MlflowClient(tracking_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("gptlab").experiment_id])
     assert run.info.run_name == "report" and run.data.tags["gptlab.figures_ok"] == "1"
@@ -328,10 +329,57 @@ def test_report_on_a_smoke_workspace_logs_to_its_experiment_and_names_the_projec
     )
     book = small_book(tmp_path / "book.yaml", figure("match"))
 
-    assert main(["report", "--reports", str(reports), "--book", str(book)]) == 0
+    assert main(["report", "--reports", str(reports), "--book", str(book), "--write", "--log"]) == 0
     header = (reports / "REPRODUCTION.md").read_text(encoding="utf-8")
     assert "- commit: 0123456\n" in header  # the project's commit, not the throwaway repository's
     client = MlflowClient(tracking_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("gptlab-smoke").experiment_id])
     assert run.info.run_name == "report"
     assert client.get_experiment_by_name("gptlab") is None
+
+
+def test_a_profiles_run_off_the_book_says_why_in_its_row(
+    tmp_path: Path, reports: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles = reports.parent / "profiles"
+    profiles.mkdir()
+    write_yaml(profiles / "smoke.yaml", {"gpt2": {"source": "pretrain"}})
+    book = small_book(
+        tmp_path / "book.yaml",
+        figure(
+            "off", book="10.5", unit="nats", ours={"file": "pretrain/metrics.json", "key": "initial_val_loss"}
+        ),
+    )
+    assert main(["report", "--reports", str(reports), "--book", str(book), "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    (row,) = [line for line in out.splitlines() if line.startswith("| figure off")]
+    assert (
+        "| ✗: off by 1.00 nats, more than the tolerance; the run used the smoke profile "
+        "(profiles/smoke.yaml), not the book's settings |" in row
+    )
+    # The report went to stdout, the summary to stderr, and no file was written.
+    assert "0 ✓, 1 ✗, 0 not run" in err
+    assert not (reports / "REPRODUCTION.md").exists()
+
+
+@pytest.mark.slow
+def test_report_without_arguments_in_a_clone_leaves_git_clean_and_mlflow_empty(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(PROJECT_ROOT), str(clone)], check=True)
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("GPTLAB_MIRROR", str(shared_data))  # the live figures read the pinned inputs
+    assert main(["report"]) == 0
+    assert capsys.readouterr().out.startswith(".gptlab/REPRODUCTION.md: ")
+    assert (
+        (clone / ".gptlab" / "REPRODUCTION.md")
+        .read_text(encoding="utf-8")
+        .startswith("# Reproduction report")
+    )
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored=no"], cwd=clone, capture_output=True, text=True
+    )
+    assert status.stdout == ""
+    # No MLflow experiment was made for it (only MLflow's own Default, if the store exists).
+    assert {e.name for e in MlflowClient(tracking_uri()).search_experiments()} <= {"Default"}

@@ -118,3 +118,22 @@ def test_chat_instruction_longer_than_context_is_refused(
     line = one_line_error(capsys, "chat")
     assert "instruction" in line and str(CHAT_CONTEXT) in line
     assert generate_calls == []
+
+
+def test_chat_reads_gpt2s_files_from_the_mirror_without_raw_dir(
+    chat_model: Path,
+    shared_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No download stage has run here (no data/raw): GPTLAB_MIRROR holds the BPE files, as for the stages."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPTLAB_MIRROR", str(shared_data))
+    args = ["chat", "Name a color.", "--model", str(chat_model), "--max-new-tokens", "3"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == ",,,"
+    monkeypatch.delenv("GPTLAB_MIRROR")
+    assert main(args) == 2
+    line = one_line_error(capsys, "chat")
+    assert "data/raw/gpt2/vocab.bpe not found" in line and "GPTLAB_MIRROR" in line

@@ -102,3 +102,26 @@ def test_a_folder_given_for_a_file_is_named_as_a_folder(
         one_line_error(capsys, "metrics")
         == f"gptlab metrics: baseline {folder}: is a directory, not a baseline file"
     )
+
+
+@pytest.mark.parametrize("command", ["classify", "chat"])
+def test_device_is_auto_unless_given_and_an_unavailable_one_names_the_flag(
+    command: str, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch  # only this test needs it: which device is missing here
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert re.search(r"--device .*\(default:\s+auto\)", " ".join(capsys.readouterr().out.split()))
+    missing = "mps" if torch.cuda.is_available() else "cuda"  # no machine has both
+    assert main([command, "Hi", "--model", str(checkpoint), "--device", missing]) == 2
+    assert one_line_error(capsys, command).startswith(f"gptlab {command}: --device: {missing} was requested")
+
+
+def test_the_top_help_says_which_command_runs_the_pipeline_when(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for command in ("gptlab smoke", "dvc repro", "gptlab run", "gptlab sweep"):
+        (line,) = [line for line in lines if line.strip().startswith(command)]
+        assert len(line.split(command, 1)[1].strip()) > 20, line  # each with what it is for

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gptlab.cli.main import main
@@ -31,8 +32,29 @@ def test_the_url_opens_the_experiments_runs_in_the_model_training_view(
     assert capsys.readouterr().out.strip().endswith(url)
 
 
+def test_a_busy_port_is_one_line_naming_port_and_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["ui", "--experiment", "exp-ui", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no URL of a server that never started
+    assert err.count("\n") == 1 and f"port {port}" in err and "--port" in err, err
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
 @pytest.mark.slow
-def test_it_serves_the_projects_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_it_serves_the_projects_store_quietly_and_a_signal_stops_every_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: signal.Signals
+) -> None:
     monkeypatch.chdir(tmp_path)
     with stage_run("pretrain", "exp-ui", {}) as run:
         experiment_id = run.client.get_run(run.run_id).info.experiment_id
@@ -43,13 +65,14 @@ def test_it_serves_the_projects_store(tmp_path: Path, monkeypatch: pytest.Monkey
     server = subprocess.Popen(
         [gptlab, "ui", "--experiment", "exp-ui", "--port", str(port)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # the server's workers too, to stop them all
     )
+    workers: list[psutil.Process] = []
     try:
         assert f"/#/experiments/{experiment_id}/runs" in server.stdout.readline()
         api = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get?experiment_id={experiment_id}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
                 with urllib.request.urlopen(api, timeout=5) as answer:
@@ -61,6 +84,17 @@ def test_it_serves_the_projects_store(tmp_path: Path, monkeypatch: pytest.Monkey
         assert experiment["name"] == "exp-ui"
         tags = {tag["key"]: tag["value"] for tag in experiment["tags"]}
         assert tags["mlflow.experimentKind"] == "custom_model_development"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        workers = descendants(server.pid)
+        assert workers, "the server runs in child processes"
+        server.send_signal(stop)  # to gptlab alone, as `kill PID` or Ctrl-C in its terminal would
+        assert server.wait(timeout=60) == 0
+        _, err = server.communicate(timeout=10)
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == [], f"left running: {[p.pid for p in alive]}"
+        assert "Warning" not in err and " INFO " not in err, err
+    finally:  # whatever a failed assertion left running
+        if server.poll() is None:
+            server.kill()
+        for process in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()

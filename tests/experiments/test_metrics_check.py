@@ -77,6 +77,13 @@ def test_cli_exit_codes_and_table(tmp_path: Path, baseline: Path, capsys: pytest
     assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 1
     assert "FAILED: 1 of 2" in capsys.readouterr().out
 
+    # A change of float noise reads 0, and long values are rounded for people.
+    reports = write_reports(tmp_path, 6 - 2.67181e-07, 0.912345678)
+    assert main(["metrics", "check", "--baseline", str(baseline), "--reports", str(reports)]) == 0
+    out = capsys.readouterr().out
+    assert "| val_loss | 6 | 6 | 0 | lower |" in out and "e-0" not in out
+    assert "| 0.9123 | +0.0123 |" in out
+
 
 def test_missing_metric_fails(tmp_path: Path, baseline: Path) -> None:
     reports = write_reports(tmp_path, 6.0, 0.9)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from gptlab.errors import GptlabError
 from gptlab.experiments.smoke import (
     WORKSPACE_MARKER,
     mark_workspace,
+    next_steps,
     prepare_workspace,
+    run_logged,
     run_profile,
     workspace_lock,
 )
@@ -128,13 +131,11 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     calls: list[dict[str, str]] = []
     real_run = subprocess.run
 
-    def fake_run(args, *rest, **kwargs):  # only `dvc exp run` is faked: git answers for real
-        if "exp" in args:
-            calls.append(kwargs["env"])
-            return subprocess.CompletedProcess(args, 0)
-        return real_run(args, *rest, **kwargs)
+    def fake_dvc(command, workdir, env, log, verbose):  # only `dvc exp run` is faked: git answers for real
+        calls.append(env)
+        return 0
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr("gptlab.experiments.smoke.run_logged", fake_dvc)
     monkeypatch.setattr(
         "gptlab.experiments.smoke.prepare_workspace",
         lambda project, workdir, source, fresh: real_run(["git", "init", "-q", str(workdir)]),
@@ -144,3 +145,44 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     (env,) = calls
     assert env["GPTLAB_SOURCE_COMMIT"] == head.stdout.strip()
     assert env["GPTLAB_SOURCE_DIRTY"] in ("true", "false")
+
+
+# What `dvc exp run` prints for a three-stage DAG, with a stage's chatter (a JSON dump) in between.
+DVC_OUTPUT = """\
+import json
+print("Running stage 'download':")
+print("> python stages/download.py")
+print("Stage 'tokenize' didn't change, skipping")
+print(json.dumps({f"metric_{i}": i for i in range(60)}, indent=2))
+print("Running stage 'train':", flush=True)
+raise SystemExit(int(__import__("sys").argv[1]))
+"""
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_terminal_gets_a_line_per_stage_and_the_log_gets_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fails: bool
+) -> None:
+    (tmp_path / "dvc.yaml").write_text("stages: {download: {}, tokenize: {}, train: {}}\n", encoding="utf-8")
+    log = tmp_path / "smoke.log"
+    command = [sys.executable, "-c", DVC_OUTPUT, str(int(fails))]
+    assert run_logged(command, tmp_path, {}, log, verbose=False) == int(fails)
+    shown = capsys.readouterr().out.splitlines()
+    progress = [line.split()[:2] for line in shown if line.startswith("[")]
+    assert progress == [["[1/3]", "download"], ["[2/3]", "tokenize"], ["[3/3]", "train"]]
+    assert '"metric_59": 59' in log.read_text(encoding="utf-8")  # all of it, in the log
+    if fails:  # the log's last lines follow, where the stage's error is
+        assert len(shown) == 3 + 15 and shown[-1] == "Running stage 'train':"
+    else:
+        assert len(shown) == 3
+
+
+def test_a_smoke_run_ends_with_the_next_steps() -> None:
+    lines = next_steps(Path(".gptlab/smoke"), "gptlab-smoke")
+    commands = [line.split("#")[0].strip() for line in lines[1:]]
+    assert commands == [
+        "gptlab ui --experiment gptlab-smoke",
+        "cd .gptlab/smoke && gptlab compare",
+        "gptlab metrics check",
+        "dvc repro",
+    ]

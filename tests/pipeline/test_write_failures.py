@@ -106,7 +106,7 @@ def test_report_onto_a_full_disk_names_the_file_and_leaves_no_temp(
     out = disk.folder / "REPRODUCTION.md"
     reports = tmp_path / "reports"
     reports.mkdir()
-    assert main(["report", "--reports", str(reports), "--out", str(out), "--no-mlflow"]) == 2
+    assert main(["report", "--reports", str(reports), "--out", str(out)]) == 2
     line = one_line_error(capsys, "gptlab report: ")
     assert line == f"gptlab report: cannot write {out}: {disk.reason}"
     assert disk.leftovers() == []

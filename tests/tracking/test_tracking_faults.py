@@ -53,7 +53,7 @@ def test_a_server_that_is_not_mlflow_is_one_line_naming_the_uri(
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         (tmp_path / "reports").mkdir()
         out = tmp_path / "REPRODUCTION.md"
-        assert main(["report", "--reports", str(tmp_path / "reports"), "--out", str(out)]) == 2
+        assert main(["report", "--reports", str(tmp_path / "reports"), "--out", str(out), "--log"]) == 2
     finally:
         http_server.kill()
         http_server.wait()

@@ -30,7 +30,7 @@ import json
 import math
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -506,20 +506,44 @@ def _same(cell: str | None, wanted: Any) -> bool:
         return cell == str(wanted)
 
 
-def compare(book: Book, reports_dir: Path, run: RunInfo | None = None) -> list[Outcome]:
-    """Each figure's outcome, in the data file's order."""
+def compare(
+    book: Book,
+    reports_dir: Path,
+    run: RunInfo | None = None,
+    progress: Callable[[Figure], None] | None = None,
+) -> list[Outcome]:
+    """Each figure's outcome, in the data file's order; `progress` is told of each figure before it is read."""
     run = run or RunInfo.of_reports(reports_dir)
     reports = _Reports(reports_dir)
     outcomes = []
     for figure in book.figures:
+        if progress is not None:
+            progress(figure)
         try:
             ours = _our_value(figure, reports, run)
         except NotRun as exc:
             outcomes.append(Outcome(figure, None, NOT_RUN, str(exc)))
             continue
-        status = OK if figure.tolerance.allows(figure.book, ours) else OFF
-        outcomes.append(Outcome(figure, ours, status))
+        if figure.tolerance.allows(figure.book, ours):
+            outcomes.append(Outcome(figure, ours, OK))
+        else:
+            outcomes.append(Outcome(figure, ours, OFF, _why_off(figure, ours, run)))
     return outcomes
+
+
+def _why_off(figure: Figure, ours: Value, run: RunInfo) -> str:
+    """How far from the book's value, and, for a profile's run, that it did not use the book's settings."""
+    book = figure.book
+    if isinstance(book, int | float) and isinstance(ours, int | float) and math.isfinite(ours):
+        gap = f"{abs(ours - book):.{_decimals(figure.book_text) + 1}f}"
+        why = f"off by {gap}{f' {figure.unit}' if figure.unit else ''}, more than the tolerance"
+    else:
+        why = "differs from the book's"
+    if run.profile is not None:
+        why += (
+            f"; the run used the {run.profile} profile (profiles/{run.profile}.yaml), not the book's settings"
+        )
+    return why
 
 
 def _our_value(figure: Figure, reports: _Reports, run: RunInfo) -> Value:
@@ -610,7 +634,8 @@ def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | 
         "",
         f"**{counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run** of {len(outcomes)} figures.",
         "",
-        "How to read it: ✓ our value is within the tolerance of the book's, ✗ it is not, and "
+        "How to read it: ✓ our value is within the tolerance of the book's, ✗ it is not (and by how "
+        "much), and "
         "*not run* says why there is no value of ours (the stage has not run, it does not report that "
         "figure, or the figure needs OpenAI's weights). Each tolerance says why it is that wide: "
         "figures printed from a run on another device (the book's notebooks ran on Apple MPS / CUDA, "
@@ -634,7 +659,7 @@ def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | 
             figure = outcome.figure
             unit = f" {figure.unit}" if figure.unit else ""
             ours = _show(figure, outcome.ours)
-            status = outcome.status if outcome.status != NOT_RUN else f"not run: {outcome.reason}"
+            status = f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status
             source = figure.ours.describe() if figure.ours else "—"
             cells = [
                 f"{figure.description} (`{figure.id}`)",
@@ -670,13 +695,15 @@ def _describe_source(run: RunInfo) -> str:
 
 
 def make_report(
-    book_path: Path | str = BOOK_FILE, reports_dir: Path | str = REPORTS
+    book_path: Path | str = BOOK_FILE,
+    reports_dir: Path | str = REPORTS,
+    progress: Callable[[Figure], None] | None = None,
 ) -> tuple[str, list[Outcome]]:
     """The report's markdown text (also what gets logged to MLflow) and each figure's outcome."""
     book = load_book(book_path)
     reports_dir = Path(reports_dir)
     run = RunInfo.of_reports(reports_dir)
-    outcomes = compare(book, reports_dir, run)
+    outcomes = compare(book, reports_dir, run, progress)
     return render(book, outcomes, run, book_path), outcomes
 
 
@@ -693,6 +720,11 @@ def write_report(
     """Write the report (default <reports_dir>/REPRODUCTION.md); returns its path and the outcomes."""
     text, outcomes = make_report(book_path, reports_dir)
     out = Path(out) if out is not None else Path(reports_dir) / REPORT_NAME
-    with atomic_path(out) as tmp:  # replaced in one step: never a half-written report
-        tmp.write_text(text, encoding="utf-8")
+    save_report(text, out)
     return out, outcomes
+
+
+def save_report(text: str, out: Path) -> None:
+    """`text` at `out`, replaced in one step: never a half-written report."""
+    with atomic_path(out) as tmp:
+        tmp.write_text(text, encoding="utf-8")

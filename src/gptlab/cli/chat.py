@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
-from gptlab.cli.model_source import ModelSource, find_model
+from gptlab.cli.model_source import ModelSource, bpe_folder, find_model
 from gptlab.errors import InputError
 from gptlab.paths import INSTRUCT_MODEL
 from gptlab.pipeline.params import load_params
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--raw-dir",
         type=Path,
         help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
-        "else data.raw_dir of params.yaml)",
+        "else data.raw_dir of params.yaml, else $GPTLAB_MIRROR)",
     )
     add_inference_arguments(parser)
 
@@ -83,17 +83,13 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     # The model's own answer length (its MLflow signature's default, else what its stage answered
     # with), else instruct.max_new_tokens of params.yaml.
     own = source.defaults.get("max_new_tokens") or metadata.get("generation", {}).get("max_new_tokens")
-    max_new_tokens = args.max_new_tokens or own
-    # params.yaml fills in what the command line and the model leave out (so it runs from the project root).
+    max_new_tokens = args.max_new_tokens or own or load_params().instruct.max_new_tokens
     bpe_files = source.bpe_files if args.raw_dir is None else None
-    needs_params = (bpe_files is None and args.raw_dir is None) or max_new_tokens is None
-    params = load_params() if needs_params else None
-    max_new_tokens = max_new_tokens or params.instruct.max_new_tokens
     entry = {"instruction": args.instruction, "input": args.input, "output": ""}
     if bpe_files is not None:
         tokenizer = gpt2_tokenizer(*bpe_files)
     else:
-        tokenizer = load_tokenizer(args.raw_dir or Path(params.data.raw_dir))
+        tokenizer = load_tokenizer(bpe_folder(args.raw_dir))
     context = model.cfg.context_length
     fitted = fit_to_context(tokenizer, entry, context_length=context, max_new_tokens=max_new_tokens)
     if fitted.input_cropped:

@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
-from gptlab.cli.model_source import ModelSource, find_model
+from gptlab.cli.model_source import ModelSource, bpe_folder, find_model
 from gptlab.errors import InputError
 from gptlab.paths import SPAM_MODEL
-from gptlab.pipeline.params import load_params
 
 # The heavy imports (torch, the model) happen once the command runs, so `gptlab --help` stays fast.
 
@@ -43,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
-        "else data.raw_dir of params.yaml)",
+        "else data.raw_dir of params.yaml, else $GPTLAB_MIRROR)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="messages per forward pass (default: 8)")
     add_inference_arguments(parser)
@@ -81,7 +80,7 @@ def _classify(args: argparse.Namespace, source: ModelSource) -> int:
     if args.raw_dir is None and source.bpe_files is not None:
         tokenizer = gpt2_tokenizer(*source.bpe_files)
     else:
-        tokenizer = load_tokenizer(args.raw_dir if args.raw_dir is not None else load_params().data.raw_dir)
+        tokenizer = load_tokenizer(bpe_folder(args.raw_dir))
     probs = classify_texts(
         model,
         tokenizer,

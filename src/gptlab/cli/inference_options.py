@@ -12,7 +12,10 @@ if TYPE_CHECKING:
 
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"], help="(default: %(default)s)"
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda", "mps"],
+        help="where the model runs; auto: a CUDA GPU, else Apple's MPS, else the CPU (default: %(default)s)",
     )
     parser.add_argument(
         "--precision",
@@ -29,6 +32,6 @@ def load_for_inference(checkpoint: Path, args: argparse.Namespace) -> tuple[GPTM
     from gptlab.model.checkpoint import load_model
     from gptlab.training.runtime import inference_dtype, resolve_device
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     model, metadata = load_model(checkpoint, device)
     return model.to(inference_dtype(device, args.precision)), metadata

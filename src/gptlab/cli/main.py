@@ -1,6 +1,6 @@
-"""`gptlab`: use the pipeline's trained models and check its metrics from the shell.
+"""`gptlab`: run the pipeline's profiles and sweeps, use its trained models, check its metrics.
 
-The stages themselves run through `dvc repro`; this CLI is for what comes after.
+The stages themselves run through `dvc repro`; the help says which command to run when.
 Each subcommand lives in its own module of gptlab.cli, whose top level
 imports only what its arguments need (torch and the model load when it runs),
 so `gptlab --help` stays fast.
@@ -39,16 +39,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gptlab.cli.mirror",
         "write every pinned input into a folder for GPTLAB_MIRROR (offline use)",
     ),
-    "report": ("gptlab.cli.report", "write reports/REPRODUCTION.md: the book's figures beside ours"),
+    "report": ("gptlab.cli.report", "the book's figures beside a run's, in .gptlab/REPRODUCTION.md"),
     "promote": ("gptlab.cli.promote", "set the champion alias of a registered model's version"),
     "ui": ("gptlab.cli.ui", "start the MLflow UI on the project's store, at the experiment's runs"),
 }
 
 
+DESCRIPTION = """\
+GPT-2 from the book as a DVC pipeline tracked in MLflow. Which command runs it:
+  gptlab smoke   first: all seven stages on a small profile (3 to 9 min on 2 cores), in .gptlab/smoke
+                 (your params.yaml, outputs and dvc.lock stay untouched); CI runs it
+  dvc repro      the full pipeline with params.yaml, here: the book's run (hours on a CPU)
+  gptlab run     the pipeline with a profile's overrides, as a DVC experiment beside yours
+  gptlab sweep   many variants of one stage (chapter 6's experiments), queued as DVC experiments
+Then: gptlab compare (the experiments side by side), gptlab ui (the MLflow runs),
+gptlab metrics check (against a baseline), gptlab classify / chat (the trained models)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gptlab",
-        description="Use gptlab's trained models. Run the pipeline itself with `dvc repro`.",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--version", action="version", version=f"gptlab {importlib.metadata.version('gptlab')}"

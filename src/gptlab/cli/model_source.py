@@ -72,6 +72,22 @@ def find_model(
         yield source
 
 
+def bpe_folder(raw_dir: Path | None) -> Path:
+    """Where GPT-2's BPE files are read from: `--raw-dir`, else data.raw_dir of params.yaml once the
+    download stage has filled it, else the mirror GPTLAB_MIRROR names (as the stages read inputs).
+
+    tiktoken checks both files' sha256 wherever they come from.
+    """
+    from gptlab.data.fetch import mirror_dir  # on use: keeps `gptlab --help` fast
+
+    if raw_dir is not None:
+        return raw_dir
+    default, mirror = _raw_dir_default(), mirror_dir()
+    if mirror is not None and not (default / "gpt2" / "vocab.bpe").is_file():
+        return mirror
+    return default
+
+
 def _raw_dir_default() -> Path:
     """data.raw_dir of the project's params.yaml (data/raw when it cannot be read)."""
     try:

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from gptlab.experiments.metrics_check import DEFAULT_BASELINE, check
-from gptlab.experiments.smoke import DEFAULT_PROFILE, run_profile
+from gptlab.experiments.profiles import profile_params
+from gptlab.experiments.smoke import DEFAULT_PROFILE, next_steps, run_profile, smoke_log
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError("dvc.yaml not found: run `gptlab smoke` from the project root")
     workdir = args.workdir or project / ".gptlab" / args.profile.stem
     reports = run_profile(project, args.profile, workdir, fresh=args.fresh)
-    print(f"\nSmoke run finished: outputs in {workdir}, metrics in {reports}")
-    if args.no_check:
-        return 0
-    return check(args.baseline, reports)
+    shown = workdir.relative_to(project) if workdir.is_relative_to(project) else workdir
+    print(f"\nSmoke run finished in {shown}; every stage's output is in {smoke_log(shown)}\n")
+    result = 0 if args.no_check else check(args.baseline, reports)
+    experiment = profile_params(args.profile, project / "params.yaml").tracking.experiment
+    print("", *next_steps(shown, experiment), sep="\n")
+    return result

@@ -10,10 +10,8 @@ server's URL is printed and nothing is started.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
+from gptlab.cli.ui_server import check_port_free, serve, ui_command
 from gptlab.pipeline.params import load_params
 
 # mlflow is imported in run(), so `gptlab --help` stays fast.
@@ -44,15 +42,12 @@ def run(args: argparse.Namespace) -> int:
     with store_errors(store):
         found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
     remote = store.startswith(("http://", "https://"))
+    if not (remote or args.print_url):
+        check_port_free(args.host, args.port)  # before the URL: a busy port prints only why
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)
     missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"
     print(f"MLflow UI, experiment {name!r}{missing}: {masked_uri(url)}", flush=True)
     if remote or args.print_url:
         return 0
-    mlflow = Path(sys.executable).with_name("mlflow")
-    command = [str(mlflow), "ui", "--backend-store-uri", store, "--host", args.host, "--port", str(args.port)]
-    try:
-        return subprocess.run(command).returncode
-    except KeyboardInterrupt:  # Ctrl-C stops the server: the usual way to leave it
-        return 0
+    return serve(ui_command(store, args.host, args.port))

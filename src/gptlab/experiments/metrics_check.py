@@ -234,13 +234,24 @@ def markdown_table(rows: list[Comparison]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        current = "—" if row.current is None else f"{row.current:.6g}"
-        change = "—" if row.change is None else f"{row.change:+.6g}"
+        current = "—" if row.current is None else for_people(row.current)
+        change = "—" if row.change is None else for_people(row.change, signed=True)
         lines.append(
-            f"| {row.file} | {row.metric} | {row.guard.baseline:.6g} | {current} | {change} "
-            f"| {row.guard.direction} | {row.guard.tolerance:.6g} | {row.status} |"
+            f"| {row.file} | {row.metric} | {for_people(row.guard.baseline)} | {current} | {change} "
+            f"| {row.guard.direction} | {for_people(row.guard.tolerance)} | {row.status} |"
         )
     return "\n".join(lines)
+
+
+def for_people(value: float, signed: bool = False) -> str:
+    """`value` to 4 decimals without trailing zeros: 0.0001 is finer than any tolerance guards.
+
+    A change of -2.67e-07 reads 0, not -2.67181e-07.
+    """
+    if not math.isfinite(value):
+        return str(value)
+    text = f"{value:{'+' if signed else ''},.4f}".rstrip("0").rstrip(".")
+    return "0" if text.lstrip("+-") == "0" else text
 
 
 def update_baseline(path: Path, reports_dir: Path) -> list[Comparison]:

@@ -9,12 +9,15 @@ outputs and dvc.lock stay untouched.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from gptlab.errors import GptlabError
 from gptlab.experiments.profiles import experiment_env, load_overrides, set_arguments
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
+from gptlab.schema import read_yaml
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
 # Where `gptlab smoke` runs by default (project-relative): its models are under models/ there.
@@ -204,15 +208,83 @@ def _run_in_workspace(
     env = experiment_env(project)
     env.update(source)
     dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
-    result = subprocess.run(
-        [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
-    )
-    if result.returncode:
+    command = [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)]
+    log = smoke_log(workdir)
+    returncode = run_logged(command, workdir, env, log, verbose=bool(os.environ.get(VERBOSE_ENV)))
+    if returncode:
         raise GptlabError(
-            f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {result.returncode})"
+            f"the {profile.stem} profile failed in {workdir} (dvc exp run exited {returncode}); "
+            f"the stages' output is in {log}"
         )
     # The run as the workspace's HEAD: `dvc metrics diff`, `dvc plots diff` and `gptlab compare`
     # there then measure further experiments against it.
     commit_workspace(workdir, f"{profile.stem} run", source)
     mark_workspace(workdir, finished=True)
     return workdir / REPORTS
+
+
+# DVC's line as it starts a stage ("Running stage 'pretrain':"), and as it takes one from its cache.
+_STAGE_LINE = re.compile(r"^(?:Running stage|Stage) '([^']+)'(?::| didn't change)")
+# Lines of the log shown when the run fails: the stage's error is at its end.
+FAILURE_TAIL = 15
+
+
+def smoke_log(workdir: Path) -> Path:
+    """Everything the stages printed: beside the workspace (.gptlab/smoke.log), never inside it."""
+    return workdir.parent / f"{workdir.name}.log"
+
+
+def stage_started(line: str) -> str | None:
+    """The stage a line of `dvc exp run` output starts, if it starts one."""
+    found = _STAGE_LINE.match(line.strip())
+    return found.group(1) if found else None
+
+
+def run_logged(command: list[str], workdir: Path, env: Mapping[str, str], log: Path, verbose: bool) -> int:
+    """Run `command`, its output into `log`; the terminal gets a line per stage (every line if `verbose`).
+
+    On a failure the log's last lines follow, so the stage's error shows without opening it.
+    """
+    stages = list((read_yaml(workdir / "dvc.yaml") or {}).get("stages", {}))
+    started = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL)
+    with log.open("w", encoding="utf-8") as out:
+        child = subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert child.stdout is not None, "piped"
+        for line in child.stdout:
+            out.write(line)
+            tail.append(line.rstrip("\n"))
+            if verbose:
+                print(line, end="", flush=True)
+            elif (stage := stage_started(line)) is not None:
+                number = f"{stages.index(stage) + 1}/{len(stages)}" if stage in stages else "-"
+                print(progress_line(number, stage, time.monotonic() - started), flush=True)
+        returncode = child.wait()
+    if returncode and not verbose:
+        print("\n".join(tail))
+    return returncode
+
+
+def progress_line(number: str, stage: str, elapsed_s: float) -> str:
+    """`[3/7] pretrain  (at 1 min 05 s)`: what runs now, and how long into the run it started."""
+    return f"[{number}] {stage:<18} (at {human_duration(elapsed_s)})"
+
+
+def human_duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def next_steps(workdir: Path, experiment: str | None) -> list[str]:
+    """What to do after a smoke run: the lines `gptlab smoke` ends with."""
+    ui = "gptlab ui" + (f" --experiment {experiment}" if experiment else "")
+    steps = [
+        (ui, "its MLflow runs: curves, samples, models"),
+        (f"cd {workdir} && gptlab compare", "its DVC experiments side by side"),
+        ("gptlab metrics check", "its metrics against baselines/smoke.yaml, as CI does"),
+        ("dvc repro", "the whole pipeline with params.yaml: the book's run (hours)"),
+    ]
+    width = max(len(command) for command, _ in steps) + 2
+    return ["Next:", *(f"  {command:<{width}}# {what}" for command, what in steps)]

@@ -11,6 +11,7 @@ a model whose files cannot all be written (a full disk) leaves none behind.
 from __future__ import annotations
 
 import importlib
+import os
 import tempfile
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -38,6 +39,11 @@ MODEL_KINDS: dict[str, tuple[str, str]] = {
     "instruct": ("instruct", "instruct"),
 }
 CHAMPION = "champion"
+
+# MLflow draws a progress bar for every artifact download: one for a model's 87 files when the CLI
+# loads models:/..., another inside pyfunc.log_model when a stage logs one. Noise in a terminal and
+# in a stage's log, so off wherever gptlab logs or loads a model (an explicit setting wins).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def registered_model_name(experiment: str, kind: str) -> str:

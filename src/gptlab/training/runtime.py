@@ -18,8 +18,9 @@ from gptlab.training import distributed
 Precision = Literal["fp32", "bf16", "auto"]
 
 
-def resolve_device(name: str) -> torch.device:
-    """The device for `train.device`: auto picks cuda, then mps, then cpu (this rank's GPU under torchrun)."""
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """The device for `key` (a param, or a CLI flag): auto picks cuda, then mps, then cpu (this rank's
+    GPU under torchrun)."""
     if name == "auto":
         if torch.cuda.is_available():
             return distributed.local_device(torch.device("cuda"))
@@ -27,11 +28,11 @@ def resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise InputError("train.device: cuda was requested but no CUDA device is available; use auto or cpu")
+        raise InputError(f"{key}: cuda was requested but no CUDA device is available; use auto or cpu")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise InputError("train.device: mps was requested but MPS is not available; use auto or cpu")
+        raise InputError(f"{key}: mps was requested but MPS is not available; use auto or cpu")
     if name not in ("cpu", "cuda", "mps"):
-        raise InputError(f"train.device: expected auto, cpu, cuda or mps, got {name!r}")
+        raise InputError(f"{key}: expected auto, cpu, cuda or mps, got {name!r}")
     return distributed.local_device(torch.device(name))
 
 
