@@ -23,7 +23,7 @@ from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV, VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.experiments.profiles import experiment_env, load_overrides, set_arguments
 from gptlab.files import atomic_path, exclusive_lock
-from gptlab.paths import REPORTS
+from gptlab.paths import PROJECT_POINTER, REPORTS
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
 # Where `gptlab smoke` runs by default (project-relative): its models are under models/ there.
@@ -144,6 +144,8 @@ def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], f
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source_file, workdir / name)
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    # Its runs log to the project's store, whoever runs what in it (gptlab.paths.project_root).
+    (workdir / PROJECT_POINTER).write_text(f"{project.resolve()}\n", encoding="utf-8")
     mark_workspace(workdir, finished=False)
     commit_workspace(workdir, "smoke workspace", source)
 

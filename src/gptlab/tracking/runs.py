@@ -1,6 +1,7 @@
 """MLflow runs for every stage, and the store they go to.
 
-Default store: `mlflow.db` (SQLite) and `mlruns/` in the project, no server
+Default store: `mlflow.db` (SQLite) and `mlruns/` at the project's root (gptlab.paths.project_root:
+the smoke workspace and DVC's temporary experiment copies log there too), no server
 needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead.
 Each stage execution is one run named after the stage, in one experiment per
 pipeline, tagged so that the runs of one `dvc repro` can be found together
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.files import process_alive
+from gptlab.paths import project_root
 from gptlab.tracking import lineage
 from gptlab.training.distributed import is_main
 
@@ -95,8 +97,8 @@ def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+    """MLFLOW_TRACKING_URI if set, else the project's local SQLite store, wherever in the project the command runs."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / DEFAULT_DB}"
 
 
 class TrackingLost(GptlabError):
