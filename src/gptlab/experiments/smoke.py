@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -203,11 +204,13 @@ def _run_in_workspace(
     prepare_workspace(project, workdir, source, fresh)
     # Runs land in the project's own MLflow store (not the throwaway workspace) unless told otherwise,
     # tagged with the project's own commit, not the workspace's.
-    env = experiment_env(project)
+    # Named by the profile and the time: two smoke runs are told apart in the UI and in `dvc exp show`.
+    name = f"{profile.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    env = experiment_env(project, name)
     env.update(source)
     dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
     result = subprocess.run(
-        [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)], cwd=workdir, env=env
+        [*dvc, "exp", "run", "--name", name, *set_arguments(overrides)], cwd=workdir, env=env
     )
     if result.returncode:
         raise GptlabError(
