@@ -23,7 +23,7 @@ from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
-from gptlab.tracking.runs import NULL_RUN, stage_run, tracking_uri
+from gptlab.tracking.runs import NULL_RUN, run_title, stage_run, tracking_uri
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import fit
 from gptlab.training.losses import next_token_loss
@@ -58,8 +58,9 @@ def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) 
         raise RuntimeError("boom")
 
     first, second = runs_of("exp-a")
-    assert (first.info.run_name, first.info.status) == ("pretrain", "FINISHED")
-    assert (second.info.run_name, second.info.status) == ("eval", "FAILED")
+    # Named by stage and DVC experiment, so the compare view tells the runs of one stage apart.
+    assert (first.info.run_name, first.info.status) == ("pretrain · tiny-lr", "FINISHED")
+    assert (second.info.run_name, second.info.status) == ("eval · tiny-lr", "FAILED")
     assert first.data.params["pretrain.train.lr"] == "0.0004"
     assert first.data.params["pretrain.train.max_steps"] == "null"
     assert len(first.data.params) == len(params)
@@ -70,6 +71,14 @@ def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) 
     assert len(tags["gptlab.params_hash"]) == 16 and tags["gptlab.git_dirty"] in ("true", "false")
     assert tags["mlflow.source.git.commit"]
     assert first.data.metrics == {"val_loss": 6.5}
+
+
+def test_a_run_is_named_by_its_stage_and_its_variant_or_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    assert run_title("pretrain") == "pretrain"  # a plain `dvc repro`
+    monkeypatch.setenv("DVC_EXP_NAME", "smoke-20261204-121500")
+    assert run_title("pretrain") == "pretrain · smoke-20261204-121500"
+    assert run_title("spam-finetune", "lora-r16") == "spam-finetune · lora-r16"  # the sweep's variant wins
 
 
 def test_pipeline_run_id_outside_dvc_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:

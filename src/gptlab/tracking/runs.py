@@ -331,7 +331,8 @@ def stage_run(
     metrics, params and tags still go out in batches through a client. Under torchrun only rank 0
     opens a run; the other processes get NULL_RUN. A run of a `gptlab sweep` variant (`sweep`,
     `sweep_variant`: tracking.sweep and tracking.sweep_variant) is tagged gptlab.sweep and
-    gptlab.sweep_variant and named <stage>/<variant>, so the UI lists a sweep's runs together.
+    gptlab.sweep_variant, so the UI lists a sweep's runs together. The run is named by
+    `run_title`.
     """
     if not is_main():
         yield NULL_RUN
@@ -351,10 +352,9 @@ def stage_run(
         tags[SWEEP_TAG] = sweep
         if sweep_variant is not None:
             tags[SWEEP_VARIANT_TAG] = sweep_variant
-            run_name = run_name or f"{stage}/{sweep_variant}"
     run = mlflow.start_run(
         experiment_id=experiment_id,
-        run_name=run_name or stage,
+        run_name=run_title(run_name or stage, sweep_variant if sweep is not None else None),
         tags=tags,
         log_system_metrics=system_metrics,
     )
@@ -370,6 +370,17 @@ def stage_run(
         _end_run(stage_run, "FAILED")
         raise
     _end_run(stage_run, "FINISHED")
+
+
+def run_title(name: str, variant: str | None = None) -> str:
+    """`spam-finetune · lora-r16`, `pretrain · smoke-20261204-1200`: what ran, and in which variant.
+
+    The sweep variant, else the DVC experiment (DVC_EXP_NAME, which `dvc exp run` sets); a
+    plain `dvc repro` run is named by its stage alone. The UI's compare view heads each run's
+    column with this name, so two runs of one stage are told apart there.
+    """
+    label = variant or os.environ.get("DVC_EXP_NAME")
+    return f"{name} · {label}" if label else name
 
 
 def _end_run(run: StageRun, status: str) -> None:
