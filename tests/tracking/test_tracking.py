@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -165,7 +166,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     assert [m.value for m in client().get_metric_history(first_id, "curves/tokens_seen")] == [
         row["tokens_seen"] for row in full.history
     ]
-    assert [m.step for m in client().get_metric_history(first_id, "curves/lr")] == steps
+    assert not client().get_metric_history(first_id, "curves/lr")  # constant: a param, no curve
     assert [(m.step, m.value) for m in client().get_metric_history(first_id, "curves/epoch_score")] == [
         (row["step"], row["epoch_score"]) for row in full.epochs
     ]
@@ -179,6 +180,23 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     assert resumed.resumed_steps == full.steps and resumed.history == full.history
     assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
     assert [m.step for m in client().get_metric_history(second_id, "curves/val_loss")] == steps
+
+    # A warm-up and a schedule vary the lr: then it is a curve.
+    scheduled = dataclasses.replace(cfg, warmup_steps=2, lr_schedule="cosine", min_lr=1e-4)
+    with stage_run("pretrain", "exp-c", {}) as run:
+        torch.manual_seed(0)
+        varied = fit(
+            build_gpt(model_cfg),
+            train_data,
+            val_data,
+            cfg=scheduled,
+            checkpoints=checkpoint_config(every_steps=3, keep=1),
+            loss_fn=next_token_loss,
+            run_dir=tmp_path / "scheduled",
+            tracker=run,
+        )
+    logged = [m.value for m in client().get_metric_history(run.run_id, "curves/lr")]
+    assert logged == pytest.approx([row["lr"] for row in varied.history]) and len(set(logged)) > 2
 
 
 def test_an_unreachable_server_fails_fast_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
