@@ -88,7 +88,7 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     while "gptlab.upstream_run_id" in run.data.tags:
         tags = run.data.tags
         upstream = client.get_run(tags["gptlab.upstream_run_id"])
-        link = f"(#/experiments/{experiment.experiment_id}/runs/{upstream.info.run_id})"
+        link = f"(#/experiments/{experiment.experiment_id}/runs/{upstream.info.run_id}?workflowType=machine_learning)"
         assert link in tags["mlflow.note.content"]  # the UI's description links the upstream run
         assert tags["gptlab.upstream_stage"] == upstream.data.tags["gptlab.stage"]
         steps.append(upstream.info.run_name)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptlab.environment import PIPELINE_RUN_ENV, SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+from gptlab.tracking.ui import ui_link
 
 if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.imported_mlflow says why)
     from mlflow.entities import DatasetInput
@@ -159,7 +160,7 @@ def upstream_tags(
     else:
         upstream = writers[0].info
         tags["gptlab.upstream_run_id"] = upstream.run_id
-        link = f"#/experiments/{upstream.experiment_id}/runs/{upstream.run_id}"
+        link = ui_link(f"experiments/{upstream.experiment_id}/runs/{upstream.run_id}")
         note = f"Started from `{checkpoint}`, written by the run [{upstream.run_name or stage}]({link})."
     tags["mlflow.note.content"] = note
     return tags

@@ -42,6 +42,7 @@ from gptlab.errors import GptlabError
 from gptlab.files import process_alive
 from gptlab.paths import project_root
 from gptlab.tracking import lineage
+from gptlab.tracking.ui import view_tags
 from gptlab.training.distributed import is_main
 
 if TYPE_CHECKING:
@@ -473,10 +474,11 @@ def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> No
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
-    """The experiment named `name`, created if needed, and tagged for model training.
+    """The experiment named `name`, created if needed, tagged for model training and gptlab's view.
 
     MLflow 3's UI opens an experiment without the kind tag in GenAI mode (an empty traces
-    page); one created before the tag existed gets it on its next run.
+    page); the view (gptlab.tracking.ui) gives the runs table its columns. One created before
+    either tag, or with an older view, gets them on its next run.
     """
     existing = client.get_experiment_by_name(name)
     if existing is None:
@@ -485,13 +487,16 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
 
         try:
             return client.create_experiment(
-                name, artifact_location=_artifact_location(), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+                name,
+                artifact_location=_artifact_location(),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING, **view_tags()},
             )
         except MlflowException:  # created meanwhile by a parallel stage
             existing = client.get_experiment_by_name(name)
             assert existing is not None, f"experiment {name!r} could neither be created nor found"
-    if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
-        client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    for key, value in {EXPERIMENT_KIND_TAG: MODEL_TRAINING, **view_tags()}.items():
+        if existing.tags.get(key) != value:
+            client.set_experiment_tag(existing.experiment_id, key, value)
     return existing.experiment_id
 
 
