@@ -72,11 +72,11 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     client = MlflowClient(tracking_uri())
     experiment = client.get_experiment_by_name("gptlab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"pretrain", "load-gpt2/gpt2-small", "instruct-finetune"}
+    assert set(runs) == {"pretrain", "load-gpt2 · gpt2-small", "instruct-finetune"}
     # Each run is tagged with the weights it wrote (the checkpoints themselves name no run).
     for run_name, checkpoint in (
         ("pretrain", "models/pretrain"),
-        ("load-gpt2/gpt2-small", "models/gpt2/gpt2-small"),
+        ("load-gpt2 · gpt2-small", "models/gpt2/gpt2-small"),
         ("instruct-finetune", "models/instruct"),
     ):
         assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == weights_sha256(checkpoint)
@@ -93,8 +93,8 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
         assert tags["gptlab.upstream_stage"] == upstream.data.tags["gptlab.stage"]
         steps.append(upstream.info.run_name)
         run = upstream
-    assert steps == ["load-gpt2/gpt2-small", "pretrain"]
-    assert runs["load-gpt2/gpt2-small"].data.tags["gptlab.upstream_checkpoint"] == "models/pretrain"
+    assert steps == ["load-gpt2 · gpt2-small", "pretrain"]
+    assert runs["load-gpt2 · gpt2-small"].data.tags["gptlab.upstream_checkpoint"] == "models/pretrain"
     # Runs of one pipeline execution still share its tag.
     assert {r.data.tags["gptlab.pipeline_run"] for r in runs.values()} == {"repro-lineage"}
 
