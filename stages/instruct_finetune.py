@@ -67,6 +67,8 @@ REPORT_DIR = REPORTS / "instruct"
 LOSS_COLUMNS = ["step", "tokens_seen", "train_loss", "val_loss"]
 # What answering and judging read: a crash while answering resumes after training even if they changed.
 NOT_TRAINING = ("judge", "max_new_tokens", "generate")
+# The test answers shown as chapter 7 prints them after training, in instruct/answer_examples.txt.
+ANSWER_EXAMPLES = 3
 
 
 def run(params: Params) -> None:
@@ -230,7 +232,8 @@ def _metrics_and_counts(
 
 
 def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: bool) -> None:
-    """A table of every answer with its scores, which the MLflow UI shows in its evaluation view."""
+    """A table of every answer with its scores, which the MLflow UI shows in its evaluation view,
+    and the first answers as chapter 7 prints them, a text file the UI shows as it is."""
     table: dict[str, list[Any]] = {
         "instruction": [r["instruction"] for r in responses],
         "input": [r["input"] for r in responses],
@@ -241,6 +244,13 @@ def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: 
     if judged:
         table["judge_score"] = [r["judge_score"] for r in responses]
     tracker.log_table(table, "instruct/answers.json")
+    examples = (
+        "\n".join(filter(None, [r["instruction"], r["input"]]))
+        + f"\n\nCorrect response:\n>> {r['output']}\n\n"
+        f"Model response:\n>> {r['model_response'].strip()}"
+        for r in responses[:ANSWER_EXAMPLES]
+    )
+    tracker.log_text(("\n" + "-" * 37 + "\n").join(examples) + "\n", "instruct/answer_examples.txt")
 
 
 def _finite(value: float) -> float | None:

@@ -24,13 +24,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
-from gptlab.files import write_figure
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate_text
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
-from gptlab.pipeline.plots import plot_losses
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
 from gptlab.schema import flatten
 from gptlab.tracking.runs import section
@@ -98,16 +96,15 @@ def run(params: Params) -> None:
             "last_eval_val_loss": result.history[-1]["val_loss"],
         }
         counts = {"steps": result.steps, "epochs": len(result.epochs), "tokens_seen": result.seen}
-        figure = plot_losses(result.history, len(data["train"]) // cfg.train.batch_size)
-        write_figure(REPORT_DIR / "loss.png", figure)
-        stage.tracker.log_figure(figure, "pretrain/loss.png")
         samples = (f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs)
         stage.tracker.log_text("\n\n".join(samples), "pretrain/samples.txt")
         stage.publish(
             model,
             PRETRAIN_MODEL,
             {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
-            Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS)),
+            Reports(
+                REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS), figure_file="loss.png"
+            ),
             result,
             kind="pretrain",
             model_defaults={
@@ -116,7 +113,6 @@ def run(params: Params) -> None:
                 "top_k": cfg.sample.top_k,
                 "seed": cfg.sample.seed,
             },
-            skip=("loss.png",),
         )
         clock.lap("outputs_and_logging")
         timings = {**clock.metrics(), **LapClock.as_metrics(result.phase_seconds, "seconds_training_")}

@@ -39,7 +39,7 @@ from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.pipeline.params import Params
-from gptlab.pipeline.plots import plot_confusion_matrix
+from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
 from gptlab.schema import flatten
 from gptlab.tasks.classifier import (
@@ -275,13 +275,14 @@ def _write_and_log_scores(
     test_set: SpamDataset,
     test_predictions: Predictions,
 ) -> None:
-    """Chapter 6's own reports: the accuracy curve, the test predictions, the confusion matrices."""
+    """Chapter 6's own reports: the accuracy curve (and its figure), the test predictions, the confusion matrices."""
     import pandas as pd  # at the end of the run, not with the stage
 
     # Epoch 0 is the fresh head, before any training step.
     start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
     curve = pd.DataFrame([start, *epochs], columns=["epoch", "train_accuracy", "val_accuracy"])
     write_csv(REPORT_DIR / "accuracy.csv", curve)
+    tracker.log_figure(plot_accuracy(curve.to_dict("records")), "spam/accuracy.png")
     actual, predicted, probs = test_predictions
     names = np.array(CLASS_NAMES)
     write_csv(

@@ -28,8 +28,13 @@ def test_the_url_opens_the_experiments_runs_in_the_model_training_view(
     with stage_run("pretrain", "exp-ui", {}) as run:
         experiment_id = run.client.get_run(run.run_id).info.experiment_id
     assert main(["ui", "--experiment", "exp-ui", "--print-url", "--port", "5123"]) == 0
-    url = f"http://127.0.0.1:5123/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    url = (
+        f"http://127.0.0.1:5123/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        "&viewStateShareKey=gptlab"  # the runs table's columns, stored in the experiment by its first run
+    )
     assert capsys.readouterr().out.strip().endswith(url)
+    tags = run.client.get_experiment(experiment_id).tags
+    assert "metrics.`final/val_loss`" in json.loads(tags["mlflow.sharedViewState.gptlab"])["selectedColumns"]
 
 
 def test_a_busy_port_is_one_line_naming_port_and_starts_nothing(

@@ -1,5 +1,5 @@
 """`gptlab smoke` deletes only what it made: never a user's folder, the project, or work added later;
-its runs log to their own experiment, tagged with the project's commit.
+its runs log to their own experiment, tagged with the project's commit and an id per smoke run.
 """
 
 from __future__ import annotations
@@ -128,11 +128,11 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     profile = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
     assert profile["tracking"]["experiment"] == "gptlab-smoke"
 
-    calls: list[dict[str, str]] = []
+    calls: list[tuple[list[str], dict[str, str]]] = []
     real_run = subprocess.run
 
     def fake_dvc(command, workdir, env, log, verbose):  # only `dvc exp run` is faked: git answers for real
-        calls.append(env)
+        calls.append((command, env))
         return 0
 
     monkeypatch.setattr("gptlab.experiments.smoke.run_logged", fake_dvc)
@@ -140,11 +140,17 @@ def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
         "gptlab.experiments.smoke.prepare_workspace",
         lambda project, workdir, source, fresh: real_run(["git", "init", "-q", str(workdir)]),
     )
-    run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / "ws")
+    monkeypatch.delenv("GPTLAB_PIPELINE_RUN", raising=False)
+    for workdir in ("ws", "ws2"):
+        run_profile(PROJECT_ROOT, PROJECT_ROOT / "profiles" / "smoke.yaml", tmp_path / workdir)
     head = real_run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
-    (env,) = calls
+    (first, env), (second, env2) = calls
     assert env["GPTLAB_SOURCE_COMMIT"] == head.stdout.strip()
     assert env["GPTLAB_SOURCE_DIRTY"] in ("true", "false")
+    # Every stage of one smoke run shares its pipeline id; two smoke runs differ in it and in their name.
+    name = first[first.index("--name") + 1]
+    assert name.startswith("smoke-") and env["GPTLAB_PIPELINE_RUN"].startswith(f"{name}-")
+    assert env["GPTLAB_PIPELINE_RUN"] != env2["GPTLAB_PIPELINE_RUN"]
 
 
 # What `dvc exp run` prints for a three-stage DAG, with a stage's chatter (a JSON dump) in between.

@@ -659,7 +659,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     experiment = client.get_experiment_by_name("gptlab-sweep-test")
     runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.sweep` = 'check'")
     assert sorted(r.data.tags["gptlab.sweep_variant"] for r in runs) == sorted(VARIANTS)
-    assert {r.info.run_name for r in runs} == {f"spam-finetune/{v}" for v in VARIANTS}
+    assert {r.info.run_name for r in runs} == {f"spam-finetune · {v}" for v in VARIANTS}
     assert {r.info.status for r in runs} == {"FINISHED"}
     by_variant = {r.data.tags["gptlab.sweep_variant"]: r for r in runs}
     for variant, row in rows.items():

@@ -201,7 +201,12 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
         for folder in ("", "model", "instruct", "instruct/reports")
         for a in client.list_artifacts(mlflow_run.info.run_id, folder)
     }
-    assert {"instruct/reports/metrics.json", "instruct/answers.json"} <= artifacts
+    assert {
+        "instruct/reports/metrics.json",
+        "instruct/answers.json",
+        "instruct/answer_examples.txt",
+        "instruct/loss.png",
+    } <= artifacts
     # The checkpoint is the run's logged model, registered as gptlab-instruct (no second copy).
     assert not any(path.startswith("model") for path in artifacts)
     (version,) = client.search_model_versions("name = 'gptlab-instruct'")

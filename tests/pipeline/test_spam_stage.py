@@ -206,8 +206,7 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert sections == ["curves", "final", "initial", "system"] and all("/" in m for m in run.data.metrics)
     curves = {name for name in run.data.metrics if name.startswith("curves/")}
     assert curves == {
-        f"curves/{m}"
-        for m in ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "examples_seen", "lr")
+        f"curves/{m}" for m in ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "examples_seen")
     }
     assert all(len(client.get_metric_history(run_id, name)) > 1 for name in curves)
     assert float(run.data.tags["gptlab.wall_seconds"]) > 0 and "wall_seconds" not in run.data.metrics
@@ -219,7 +218,13 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
         "spam/reports/metrics.json",
         "spam/reports/counts.json",
     } <= artifacts
-    assert [a for a in artifacts if a.endswith(".png")] == ["spam/confusion_matrix.png"]  # uploaded once
+    # The book's figures, each uploaded once; a constant lr is a param, not a curve.
+    assert sorted(a for a in artifacts if a.endswith(".png")) == [
+        "spam/accuracy.png",
+        "spam/confusion_matrix.png",
+        "spam/loss.png",
+    ]
+    assert "curves/lr" not in run.data.metrics and run.data.params["spam.train.lr"] == "0.01"
     # Standard MLflow tags, system metrics, the data it read, and where its base model came from.
     assert run.data.tags["mlflow.source.name"].endswith("spam_finetune.py") and run.data.tags["mlflow.user"]
     assert any(name.startswith("system/") for name in run.data.metrics)

@@ -72,11 +72,11 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     client = MlflowClient(tracking_uri())
     experiment = client.get_experiment_by_name("gptlab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"pretrain", "load-gpt2/gpt2-small", "instruct-finetune"}
+    assert set(runs) == {"pretrain", "load-gpt2 · gpt2-small", "instruct-finetune"}
     # Each run is tagged with the weights it wrote (the checkpoints themselves name no run).
     for run_name, checkpoint in (
         ("pretrain", "models/pretrain"),
-        ("load-gpt2/gpt2-small", "models/gpt2/gpt2-small"),
+        ("load-gpt2 · gpt2-small", "models/gpt2/gpt2-small"),
         ("instruct-finetune", "models/instruct"),
     ):
         assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == weights_sha256(checkpoint)
@@ -88,13 +88,13 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     while "gptlab.upstream_run_id" in run.data.tags:
         tags = run.data.tags
         upstream = client.get_run(tags["gptlab.upstream_run_id"])
-        link = f"(#/experiments/{experiment.experiment_id}/runs/{upstream.info.run_id})"
+        link = f"(#/experiments/{experiment.experiment_id}/runs/{upstream.info.run_id}?workflowType=machine_learning)"
         assert link in tags["mlflow.note.content"]  # the UI's description links the upstream run
         assert tags["gptlab.upstream_stage"] == upstream.data.tags["gptlab.stage"]
         steps.append(upstream.info.run_name)
         run = upstream
-    assert steps == ["load-gpt2/gpt2-small", "pretrain"]
-    assert runs["load-gpt2/gpt2-small"].data.tags["gptlab.upstream_checkpoint"] == "models/pretrain"
+    assert steps == ["load-gpt2 · gpt2-small", "pretrain"]
+    assert runs["load-gpt2 · gpt2-small"].data.tags["gptlab.upstream_checkpoint"] == "models/pretrain"
     # Runs of one pipeline execution still share its tag.
     assert {r.data.tags["gptlab.pipeline_run"] for r in runs.values()} == {"repro-lineage"}
 

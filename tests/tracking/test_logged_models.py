@@ -145,7 +145,8 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
         run_id, _ = runs[int(version.version) - 1]
         assert version.description.startswith("**spam-finetune** stage, spam model. Base model: gpt2-small.")
         assert f"`final/test.accuracy`: {0.9375 - (int(version.version) - 1) / 8:.4g}" in version.description
-        assert f"Source run: `{run_id}`" in version.description
+        # A link to its run that opens in the UI's model-training mode.
+        assert f"/runs/{run_id}?workflowType=machine_learning) (`{run_id}`)." in version.description
     experiment = client.get_experiment_by_name("gptlab")
     logged = client.search_logged_models([experiment.experiment_id])
     assert {f"models:/{m.model_id}" for m in logged} == {uri for _, uri in runs}

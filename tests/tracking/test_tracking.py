@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
-from gptlab.tracking.runs import NULL_RUN, stage_run, tracking_uri
+from gptlab.tracking.runs import NULL_RUN, run_title, stage_run, tracking_uri
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import fit
 from gptlab.training.losses import next_token_loss
@@ -58,8 +59,9 @@ def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) 
         raise RuntimeError("boom")
 
     first, second = runs_of("exp-a")
-    assert (first.info.run_name, first.info.status) == ("pretrain", "FINISHED")
-    assert (second.info.run_name, second.info.status) == ("eval", "FAILED")
+    # Named by stage and DVC experiment, so the compare view tells the runs of one stage apart.
+    assert (first.info.run_name, first.info.status) == ("pretrain · tiny-lr", "FINISHED")
+    assert (second.info.run_name, second.info.status) == ("eval · tiny-lr", "FAILED")
     assert first.data.params["pretrain.train.lr"] == "0.0004"
     assert first.data.params["pretrain.train.max_steps"] == "null"
     assert len(first.data.params) == len(params)
@@ -70,6 +72,14 @@ def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) 
     assert len(tags["gptlab.params_hash"]) == 16 and tags["gptlab.git_dirty"] in ("true", "false")
     assert tags["mlflow.source.git.commit"]
     assert first.data.metrics == {"val_loss": 6.5}
+
+
+def test_a_run_is_named_by_its_stage_and_its_variant_or_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    assert run_title("pretrain") == "pretrain"  # a plain `dvc repro`
+    monkeypatch.setenv("DVC_EXP_NAME", "smoke-20261204-121500")
+    assert run_title("pretrain") == "pretrain · smoke-20261204-121500"
+    assert run_title("spam-finetune", "lora-r16") == "spam-finetune · lora-r16"  # the sweep's variant wins
 
 
 def test_pipeline_run_id_outside_dvc_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +166,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     assert [m.value for m in client().get_metric_history(first_id, "curves/tokens_seen")] == [
         row["tokens_seen"] for row in full.history
     ]
-    assert [m.step for m in client().get_metric_history(first_id, "curves/lr")] == steps
+    assert not client().get_metric_history(first_id, "curves/lr")  # constant: a param, no curve
     assert [(m.step, m.value) for m in client().get_metric_history(first_id, "curves/epoch_score")] == [
         (row["step"], row["epoch_score"]) for row in full.epochs
     ]
@@ -170,6 +180,23 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
     assert resumed.resumed_steps == full.steps and resumed.history == full.history
     assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
     assert [m.step for m in client().get_metric_history(second_id, "curves/val_loss")] == steps
+
+    # A warm-up and a schedule vary the lr: then it is a curve.
+    scheduled = dataclasses.replace(cfg, warmup_steps=2, lr_schedule="cosine", min_lr=1e-4)
+    with stage_run("pretrain", "exp-c", {}) as run:
+        torch.manual_seed(0)
+        varied = fit(
+            build_gpt(model_cfg),
+            train_data,
+            val_data,
+            cfg=scheduled,
+            checkpoints=checkpoint_config(every_steps=3, keep=1),
+            loss_fn=next_token_loss,
+            run_dir=tmp_path / "scheduled",
+            tracker=run,
+        )
+    logged = [m.value for m in client().get_metric_history(run.run_id, "curves/lr")]
+    assert logged == pytest.approx([row["lr"] for row in varied.history]) and len(set(logged)) > 2
 
 
 def test_an_unreachable_server_fails_fast_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

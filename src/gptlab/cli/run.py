@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     command = ["dvc", "exp", "run", "--temp", "--name", name, *set_arguments(overrides), *args.stages]
     print(f"experiment {name}: {' '.join(command[5:]) or 'no overrides'}", flush=True)
-    result = subprocess.run(command, env=experiment_env(project))
+    result = subprocess.run(command, env=experiment_env(project, name))
     if result.returncode:
         raise GptlabError(f"experiment {name} failed (dvc exp run exited {result.returncode})")
     print(f"\nexperiment {name} done: compare it with `gptlab compare` (or `dvc exp show`, `dvc exp diff`)")

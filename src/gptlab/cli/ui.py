@@ -3,7 +3,8 @@
 MLflow 3's UI keeps its *GenAI / Model training* switch per browser and starts a new
 browser on GenAI, whose experiment page is an empty traces overview. The URL printed
 here carries `workflowType=machine_learning`, so it opens on the experiment's training
-runs whatever the browser used before. With MLFLOW_TRACKING_URI naming a server, that
+runs whatever the browser used before, and gptlab's view of the runs table (its key
+params and headline metrics as columns: gptlab.tracking.ui). With MLFLOW_TRACKING_URI naming a server, that
 server's URL is printed and nothing is started.
 """
 
@@ -13,6 +14,7 @@ import argparse
 
 from gptlab.cli.ui_server import check_port_free, serve, ui_command
 from gptlab.pipeline.params import load_params
+from gptlab.tracking.ui import runs_link, ui_link
 
 # mlflow is imported in run(), so `gptlab --help` stays fast.
 
@@ -27,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def experiment_url(base: str, experiment_id: str | None) -> str:
-    """Where the experiment's training runs are (the experiments list if it does not exist yet)."""
-    page = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
-    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
+    """Where the experiment's training runs are, with gptlab's columns (the experiments list if it does not exist yet)."""
+    page = runs_link(experiment_id) if experiment_id else ui_link("experiments")
+    return base.rstrip("/") + "/" + page
 
 
 def run(args: argparse.Namespace) -> int:

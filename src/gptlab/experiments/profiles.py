@@ -13,9 +13,11 @@ import json
 import os
 import shutil
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+from gptlab.environment import PIPELINE_RUN_ENV
 from gptlab.errors import InputError
 from gptlab.pipeline.params import Params
 from gptlab.schema import ConfigError, build, flatten, read_yaml
@@ -76,11 +78,17 @@ def dvc_executable() -> str:
     return str(local) if local.is_file() else (shutil.which("dvc") or "dvc")
 
 
-def experiment_env(project: Path) -> dict[str, str]:
-    """The environment for `dvc exp run`: runs land in the project's MLflow store unless told otherwise."""
+def experiment_env(project: Path, name: str | None = None) -> dict[str, str]:
+    """The environment for `dvc exp run`: runs land in the project's MLflow store unless told otherwise.
+
+    With `name` (the DVC experiment's), every stage run of it shares the tag gptlab.pipeline_run,
+    `<name>-<random>`, which no other run of the same name has.
+    """
     env = dict(os.environ)
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{project.resolve() / 'mlflow.db'}")
     env.setdefault("DVC_NO_ANALYTICS", "1")
+    if name is not None:
+        env.setdefault(PIPELINE_RUN_ENV, f"{name}-{uuid.uuid4().hex[:8]}")
     return env
 
 

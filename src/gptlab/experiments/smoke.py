@@ -26,7 +26,7 @@ from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV, VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.experiments.profiles import experiment_env, load_overrides, set_arguments
 from gptlab.files import atomic_path, exclusive_lock
-from gptlab.paths import REPORTS
+from gptlab.paths import PROJECT_POINTER, REPORTS
 from gptlab.schema import read_yaml
 
 DEFAULT_PROFILE = Path("profiles/smoke.yaml")
@@ -148,6 +148,8 @@ def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], f
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source_file, workdir / name)
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    # Its runs log to the project's store, whoever runs what in it (gptlab.paths.project_root).
+    (workdir / PROJECT_POINTER).write_text(f"{project.resolve()}\n", encoding="utf-8")
     mark_workspace(workdir, finished=False)
     commit_workspace(workdir, "smoke workspace", source)
 
@@ -205,10 +207,12 @@ def _run_in_workspace(
     prepare_workspace(project, workdir, source, fresh)
     # Runs land in the project's own MLflow store (not the throwaway workspace) unless told otherwise,
     # tagged with the project's own commit, not the workspace's.
-    env = experiment_env(project)
+    # Named by the profile and the time: two smoke runs are told apart in the UI and in `dvc exp show`.
+    name = f"{profile.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    env = experiment_env(project, name)
     env.update(source)
     dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
-    command = [*dvc, "exp", "run", "--name", profile.stem, *set_arguments(overrides)]
+    command = [*dvc, "exp", "run", "--name", name, *set_arguments(overrides)]
     log = smoke_log(workdir)
     returncode = run_logged(command, workdir, env, log, verbose=bool(os.environ.get(VERBOSE_ENV)))
     if returncode:

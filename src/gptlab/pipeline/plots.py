@@ -52,6 +52,29 @@ def plot_losses(
     return fig
 
 
+def plot_accuracy(rows: Sequence[Mapping[str, float]]) -> Figure:
+    """Chapter 6's accuracy figure: train and validation accuracy against epochs (epoch 0: the fresh head).
+
+    `rows` carry epoch, train_accuracy and val_accuracy, one per epoch.
+    """
+    # matplotlib at a stage's end, not its start-up
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    epochs = [row["epoch"] for row in rows]
+    fig = Figure(figsize=(5, 3))
+    ax = fig.add_subplot()
+    ax.plot(epochs, [row["train_accuracy"] for row in rows], label="Training accuracy")
+    ax.plot(epochs, [row["val_accuracy"] for row in rows], linestyle="-.", label="Validation accuracy")
+    ax.set_xlabel("Epochs")
+    ax.set_ylabel("Accuracy")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
 def plot_confusion_matrix(matrix: list[list[int]], labels: Sequence[str], title: str) -> Figure:
     """A confusion matrix with counts in each cell: rows are actual, columns predicted."""
     # matplotlib and scikit-learn at a stage's end, not its start-up

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from gptlab.files import write_csv, write_json
+from gptlab.files import write_csv, write_figure, write_json
 from gptlab.model.checkpoint import save_model
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import Params
+from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import flatten
 from gptlab.tasks.config import LoraConfig, Trainable
 from gptlab.tasks.fine_tune import adds_lora
@@ -36,6 +37,7 @@ from gptlab.training.timing import LapClock
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class Reports:
     metrics: Mapping[str, Any]  # DVC metrics; logged to MLflow at the last step (initial_* were at step 0)
     counts: Mapping[str, Any]  # counts.json; their scalars also as gptlab.<name> tags
     losses: pd.DataFrame  # losses.csv, a DVC plot (`loss_table`)
+    # The loss figure also written here under this name (pretrain's DVC output loss.png); None: MLflow only.
+    figure_file: str | None = None
 
 
 def loss_table(history: list[dict[str, float]], columns: list[str]) -> pd.DataFrame:
@@ -121,14 +125,21 @@ class TrainingRun:
     ) -> None:
         """Write the checkpoint and the reports, and log both (and the loop's time) to MLflow.
 
-        `skip` names report files the stage logged itself (figures); `kind` and
-        `model_defaults` are those of the registered model (gptlab.tracking.registry).
+        The book's loss figure is logged as `<kind>/loss.png`. `skip` names report files the
+        stage logged itself (figures); `kind` and `model_defaults` are those of the registered
+        model (gptlab.tracking.registry).
         """
         save_model(model, model_dir, dict(metadata))
         self.tracker.record_checkpoint(model_dir)
         write_json(reports.folder / "metrics.json", reports.metrics)
         write_json(reports.folder / "counts.json", reports.counts)
         write_csv(reports.folder / "losses.csv", reports.losses)
+        if result.history:
+            figure = loss_figure(result)
+            if reports.figure_file is not None:
+                write_figure(reports.folder / reports.figure_file, figure)
+                skip = (*skip, reports.figure_file)
+            self.tracker.log_figure(figure, f"{kind}/loss.png")
         final = section(
             "final",
             {
@@ -165,6 +176,15 @@ class TrainingRun:
                     headline=final,
                 )
             )
+
+
+def loss_figure(result: TrainResult) -> Figure:
+    """The book's loss figure of a run: train and validation loss against epochs, what was seen on top."""
+    # An epoch's steps: the first epoch's last step + 1 (every epoch has as many; a run cut short by
+    # max_steps ends its only epoch early, and its figure spans that one epoch).
+    steps_per_epoch = result.epochs[0]["step"] + 1 if result.epochs else max(result.steps, 1)
+    label = result.seen_name.replace("_", " ").capitalize()  # "Tokens seen", "Examples seen"
+    return plot_losses(result.history, steps_per_epoch, seen_key=result.seen_name, seen_label=label)
 
 
 def trainable_metadata(trainable: Trainable, count: int, lora: LoraConfig) -> dict[str, Any]:

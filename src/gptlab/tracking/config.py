@@ -15,7 +15,7 @@ class TrackingConfig:
     # Log each trained model as an MLflow model (registered; weights stored once, in it).
     log_models: bool = True
     # Set by `gptlab sweep` on each variant it queues: the fine-tune runs are tagged gptlab.sweep and
-    # gptlab.sweep_variant (and named <stage>/<variant>), so the MLflow UI groups a sweep's runs.
+    # gptlab.sweep_variant (and named `<stage> · <variant>`), so the MLflow UI groups a sweep's runs.
     sweep: str | None = None
     sweep_variant: str | None = None
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptlab.environment import SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+from gptlab.environment import PIPELINE_RUN_ENV, SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+from gptlab.tracking.ui import ui_link
 
 if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.imported_mlflow says why)
     from mlflow.entities import DatasetInput
@@ -50,14 +51,20 @@ def run_tags(stage: str, params: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
+# What names a dvc process in its command line: the `dvc` script, `python -m dvc`, gptlab's quiet dvc.
+_DVC_COMMANDS = {"dvc", "gptlab.pipeline.dvc_quiet"}
+
+
 def pipeline_run_id() -> str:
     """The same id for every stage that one `dvc repro` (or `dvc exp run`) executes.
 
-    GPTLAB_PIPELINE_RUN wins when set. Otherwise the id is derived from the
-    ancestor `dvc` process (its pid and start time), which spawns every stage.
+    GPTLAB_PIPELINE_RUN wins when set (`gptlab smoke` and `gptlab run` set it: the DVC
+    experiment's name and a random suffix). Otherwise the id is derived from the nearest
+    ancestor `dvc` process (its pid and start time), which spawns every stage of its run;
+    a stage run alone gets an id of its own.
     """
-    if os.environ.get("GPTLAB_PIPELINE_RUN"):
-        return os.environ["GPTLAB_PIPELINE_RUN"]
+    if os.environ.get(PIPELINE_RUN_ENV):
+        return os.environ[PIPELINE_RUN_ENV]
     pid = os.getppid()
     for _ in range(8):
         try:
@@ -65,7 +72,7 @@ def pipeline_run_id() -> str:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             break
-        if any(Path(part.decode(errors="replace")).name == "dvc" for part in cmdline[:2]):
+        if any(Path(part.decode(errors="replace")).name in _DVC_COMMANDS for part in cmdline[:3]):
             return f"dvc-{pid}-{stat[19]}"  # field 22 of /proc/pid/stat: start time
         pid = int(stat[1])  # parent pid
         if pid <= 1:
@@ -153,7 +160,7 @@ def upstream_tags(
     else:
         upstream = writers[0].info
         tags["gptlab.upstream_run_id"] = upstream.run_id
-        link = f"#/experiments/{upstream.experiment_id}/runs/{upstream.run_id}"
+        link = ui_link(f"experiments/{upstream.experiment_id}/runs/{upstream.run_id}")
         note = f"Started from `{checkpoint}`, written by the run [{upstream.run_name or stage}]({link})."
     tags["mlflow.note.content"] = note
     return tags

@@ -31,6 +31,7 @@ from gptlab.tracking.runs import (
     store_failure,
     tracking_uri,
 )
+from gptlab.tracking.ui import ui_link
 
 # Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
 MODEL_KINDS: dict[str, tuple[str, str]] = {
@@ -161,9 +162,11 @@ def version_description(kind: str, run: StageRun, headline: Mapping[str, float])
     logged = run.client.get_run(run.run_id)
     base = logged.data.tags.get("gptlab.base_model", "none (random initial weights)")
     figures = "\n".join(f"- `{name}`: {value:.4g}" for name, value in headline.items())
+    stage = logged.data.tags.get("gptlab.stage", kind)
+    source = ui_link(f"experiments/{logged.info.experiment_id}/runs/{run.run_id}")
     return (
-        f"**{logged.info.run_name}** stage, {kind} model. Base model: {base}.\n\n"
-        f"{figures}\n\nSource run: `{run.run_id}` (experiment `{logged.info.experiment_id}`)."
+        f"**{stage}** stage, {kind} model. Base model: {base}.\n\n"
+        f"{figures}\n\nSource run: [{logged.info.run_name}]({source}) (`{run.run_id}`)."
     )
 
 

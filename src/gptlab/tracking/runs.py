@@ -1,6 +1,7 @@
 """MLflow runs for every stage, and the store they go to.
 
-Default store: `mlflow.db` (SQLite) and `mlruns/` in the project, no server
+Default store: `mlflow.db` (SQLite) and `mlruns/` at the project's root (gptlab.paths.project_root:
+the smoke workspace and DVC's temporary experiment copies log there too), no server
 needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead.
 Each stage execution is one run named after the stage, in one experiment per
 pipeline, tagged so that the runs of one `dvc repro` can be found together
@@ -45,7 +46,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
 from gptlab.files import process_alive
+from gptlab.paths import project_root
 from gptlab.tracking import lineage
+from gptlab.tracking.ui import view_tags
 from gptlab.training.distributed import is_main
 
 if TYPE_CHECKING:
@@ -103,8 +106,8 @@ def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI if set, else the project's local SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+    """MLFLOW_TRACKING_URI if set, else the project's local SQLite store, wherever in the project the command runs."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / DEFAULT_DB}"
 
 
 # The password of a URI's userinfo (scheme://user:PASSWORD@host); the last `@` ends it, as in urllib.
@@ -437,7 +440,8 @@ def stage_run(
     metrics, params and tags still go out in batches through a client. Under torchrun only rank 0
     opens a run; the other processes get NULL_RUN. A run of a `gptlab sweep` variant (`sweep`,
     `sweep_variant`: tracking.sweep and tracking.sweep_variant) is tagged gptlab.sweep and
-    gptlab.sweep_variant and named <stage>/<variant>, so the UI lists a sweep's runs together.
+    gptlab.sweep_variant, so the UI lists a sweep's runs together. The run is named by
+    `run_title`.
     """
     if not is_main():
         yield NULL_RUN
@@ -451,7 +455,6 @@ def stage_run(
         tags[SWEEP_TAG] = sweep
         if sweep_variant is not None:
             tags[SWEEP_VARIANT_TAG] = sweep_variant
-            run_name = run_name or f"{stage}/{sweep_variant}"
     if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with store_errors(uri):
@@ -461,7 +464,7 @@ def stage_run(
         _close_dead_runs(client, experiment_id, stage)
         run = mlflow.start_run(
             experiment_id=experiment_id,
-            run_name=run_name or stage,
+            run_name=run_title(run_name or stage, sweep_variant if sweep is not None else None),
             tags=tags,
             log_system_metrics=system_metrics,
         )
@@ -481,6 +484,17 @@ def stage_run(
         print(
             f"🏃 View run at: {masked_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
         )
+
+
+def run_title(name: str, variant: str | None = None) -> str:
+    """`spam-finetune · lora-r16`, `pretrain · smoke-20261204-1200`: what ran, and in which variant.
+
+    The sweep variant, else the DVC experiment (DVC_EXP_NAME, which `dvc exp run` sets); a
+    plain `dvc repro` run is named by its stage alone. The UI's compare view heads each run's
+    column with this name, so two runs of one stage are told apart there.
+    """
+    label = variant or os.environ.get("DVC_EXP_NAME")
+    return f"{name} · {label}" if label else name
 
 
 def _end_run(run: StageRun, status: str) -> None:
@@ -622,10 +636,11 @@ def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> No
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
-    """The experiment named `name`, created if needed, and tagged for model training.
+    """The experiment named `name`, created if needed, tagged for model training and gptlab's view.
 
     MLflow 3's UI opens an experiment without the kind tag in GenAI mode (an empty traces
-    page); one created before the tag existed gets it on its next run.
+    page); the view (gptlab.tracking.ui) gives the runs table its columns. One created before
+    either tag, or with an older view, gets them on its next run.
     """
     existing = client.get_experiment_by_name(name)
     if existing is None:
@@ -634,13 +649,16 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
 
         try:
             return client.create_experiment(
-                name, artifact_location=_artifact_location(), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+                name,
+                artifact_location=_artifact_location(),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING, **view_tags()},
             )
         except MlflowException:  # created meanwhile by a parallel stage
             existing = client.get_experiment_by_name(name)
             assert existing is not None, f"experiment {name!r} could neither be created nor found"
-    if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
-        client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    for key, value in {EXPERIMENT_KIND_TAG: MODEL_TRAINING, **view_tags()}.items():
+        if existing.tags.get(key) != value:
+            client.set_experiment_tag(existing.experiment_id, key, value)
     return existing.experiment_id
 
 

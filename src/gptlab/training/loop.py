@@ -143,7 +143,7 @@ def fit(
         print(f"train.rng: {cfg.rng} needs one process; {run.world.size} use per_epoch", file=sys.stderr)
     probe_data = val_data if len(val_data) else train_data  # type: ignore[arg-type]
     checkpointer = _checkpointer(model, run, probe_data, collate_fn, run_dir, checkpoints.keep)
-    progress = _resume(checkpointer, order, tracker)
+    progress = _resume(checkpointer, order, tracker, cfg)
     resumed_steps, start_seen = progress.steps, progress.seen
     bar = tqdm(
         total=run.total_steps,
@@ -170,7 +170,7 @@ def fit(
                 if step % cfg.eval_freq == 0:
                     losses = _eval_losses(model, run, order)
                     progress.history.append({"step": step, seen_name: progress.seen, **losses, "lr": lr})
-                    _log_evaluation(progress, bar, tracker, run.main)
+                    _log_evaluation(progress, bar, tracker, run.main, cfg)
                     clock.lap("evaluation")
                 epoch_done = progress.batch == run.batches_per_epoch
                 finished = progress.steps == run.total_steps
@@ -308,14 +308,14 @@ def _checkpointer(
     )
 
 
-def _resume(checkpointer: Checkpointer, order: DataOrder, tracker: Tracker) -> Progress:
+def _resume(checkpointer: Checkpointer, order: DataOrder, tracker: Tracker, cfg: TrainConfig) -> Progress:
     """Where training starts: the newest good checkpoint (its history logged again), or afresh."""
     progress = checkpointer.resume()
     if progress is None:
         order.start_afresh()
         return Progress()
     tracker.set_tags({"gptlab.resumed_from_step": progress.steps})
-    tracker.log_history(progress.history)
+    tracker.log_history(_logged(progress.history, cfg))
     _log_epochs(tracker, progress.epochs)
     return progress
 
@@ -326,7 +326,18 @@ def _eval_losses(model: nn.Module, run: TrainingSetup, order: DataOrder) -> dict
     return {f"{split}_loss": distributed.all_mean(loss) for split, loss in losses.items()}
 
 
-def _log_evaluation(progress: Progress, bar: tqdm, tracker: Tracker, main: bool) -> None:
+def _logged(rows: list[dict[str, float]], cfg: TrainConfig) -> list[dict[str, float]]:
+    """The evaluation rows as the tracker gets them: the lr only where warm-up or a schedule varies it.
+
+    A constant lr is a param of the run (train.lr); drawn as a curve it would be a flat line
+    on an axis the UI stretches around it.
+    """
+    if cfg.warmup_steps or cfg.lr_schedule != "constant":
+        return rows
+    return [{key: value for key, value in row.items() if key != "lr"} for row in rows]
+
+
+def _log_evaluation(progress: Progress, bar: tqdm, tracker: Tracker, main: bool, cfg: TrainConfig) -> None:
     """Show the newest evaluation as the book prints it, and log it."""
     row = progress.history[-1]
     bar.set_postfix(train_loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}")
@@ -336,7 +347,7 @@ def _log_evaluation(progress: Progress, bar: tqdm, tracker: Tracker, main: bool)
             f"Train loss {row['train_loss']:.3f}, Val loss {row['val_loss']:.3f}",
             file=sys.stderr,
         )
-    tracker.log_history([row])
+    tracker.log_history(_logged([row], cfg))
 
 
 def _end_epoch(
