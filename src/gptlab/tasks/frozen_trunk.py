@@ -256,7 +256,7 @@ def frozen_trunk(
     with autocast(device, precision):
         key = autocast_key(device)
         states, where = _compute(model, first, batches, spill_dir, memory_limit)
-        size = f"{len(states):,} messages' states, {_megabytes(states.nbytes)} {where}"
+        size = f"{len(states):,} message states, {_megabytes(states.nbytes)} {where}"
         trunk = FrozenTrunk(f"on: {_trunk_name(first)} computed once ({size})", first, states, slots, key)
         if not _same_as_whole_model(model, trunk, splits[shuffled], batch_sizes[0]):
             trunk = FrozenTrunk(
