@@ -12,7 +12,8 @@ scores, outputs), peak RSS, and whether both paths wrote the same bytes
 (metrics, reports, the checkpoint).
 
     python benchmarks/bench_frozen_trunk.py --smoke                # the smoke profile's model and data: ~1 min
-    python benchmarks/bench_frozen_trunk.py --max-steps 20         # full data, 20 steps: ~10 min on 2 loaded cores
+    python benchmarks/bench_frozen_trunk.py --max-rows 96 --max-steps 12   # gpt2-small dims, a slice of the data
+    python benchmarks/bench_frozen_trunk.py --max-steps 20         # full data, 20 steps: ~15 min on 2 quiet cores
     python benchmarks/bench_frozen_trunk.py                        # the whole stage, 650 steps: about an hour
 """
 
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,32 @@ FIGURES = {
 }
 
 
-def prepared(workdir: Path, smoke: bool, max_steps: int | None) -> tuple[Path, dict[str, Path]]:
+@dataclass(frozen=True)
+class Size:
+    """What the runs are cut to: the smoke profile's model and data, the spam rows per split, the steps."""
+
+    smoke: bool
+    max_rows: int | None
+    max_steps: int | None
+
+    def describe(self) -> str:
+        model = "the smoke profile's model" if self.smoke else "gpt2-small dims, context 256"
+        rows = f"at most {self.max_rows} messages per split" if self.max_rows else "full data"
+        if self.smoke and not self.max_rows:
+            rows = "the smoke profile's data"
+        steps = f"training capped at {self.max_steps} steps" if self.max_steps else "the whole training"
+        return f"{model}, {rows}, {steps}"
+
+
+def prepared(workdir: Path, size: Size) -> tuple[Path, dict[str, Path]]:
     """The project copy with its base model, and a params file per path."""
     project = prepared_project(workdir)
-    base = base_params(project, "default", Sizes(smoke, 1, 32))["base"]
-    if smoke:  # tokenize again: the smoke profile slices the data
+    base = base_params(project, "default", Sizes(size.smoke, 1, 32))["base"]
+    if size.max_rows:
+        values = yaml.safe_load(base.read_text())
+        values["tokenize"]["spam"]["max_rows"] = size.max_rows
+        base.write_text(yaml.safe_dump(values, sort_keys=False))
+    if size.smoke or size.max_rows:  # tokenize again: the data is sliced
         run_script(project, "tokenize_data", base)
     run_script(project, "pretrain", base)
     run_script(project, "load_gpt2", base)
@@ -70,14 +93,14 @@ def prepared(workdir: Path, smoke: bool, max_steps: int | None) -> tuple[Path, d
         yaml.safe_load((project / "params.yaml").read_text()),
         yaml.safe_load((project / "profiles/offline.yaml").read_text()),
     )
-    if smoke:  # its data and model; chapter 6's trainable (the profile trains all, with no frozen trunk)
+    if size.smoke:  # its data and model; chapter 6's trainable (the profile trains all, with no frozen trunk)
         trainable = params["spam"]["trainable"]
         params = merged(params, yaml.safe_load((project / "profiles/smoke.yaml").read_text()))
         params["spam"]["trainable"] = trainable
     files = {}
     for path, cache in PATHS.items():
         overrides = {
-            "spam": {"cache_frozen_trunk": cache, "train": {"max_steps": max_steps}},
+            "spam": {"cache_frozen_trunk": cache, "train": {"max_steps": size.max_steps}},
             "tracking": {"experiment": "bench-frozen-trunk", "log_models": False},
         }
         files[path] = project / f"params-{path}.yaml"
@@ -142,10 +165,10 @@ def stage_process(params: Path, report: Path) -> None:
     report.write_text(json.dumps({**recorded, "peak_rss_kb": max(peaks)}))  # Linux: kilobytes
 
 
-def measure(smoke: bool, max_steps: int | None, rounds: int) -> tuple[list[dict[str, Any]], bool]:
+def measure(size: Size, rounds: int) -> tuple[list[dict[str, Any]], bool]:
     """One row per path (medians over the rounds) and their ratio; whether every run wrote the same bytes."""
     with tempfile.TemporaryDirectory(prefix="gptlab-bench-frozen-trunk-") as tmp:
-        project, files = prepared(Path(tmp), smoke, max_steps)
+        project, files = prepared(Path(tmp), size)
         runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
         written: list[dict[str, bytes]] = []
         for _ in range(rounds):
@@ -163,10 +186,8 @@ def measure(smoke: bool, max_steps: int | None, rounds: int) -> tuple[list[dict[
     return rows, all(outputs == written[0] for outputs in written)
 
 
-def print_table(rows: list[dict[str, Any]], smoke: bool, max_steps: int | None, same: bool) -> None:
-    data = "the smoke profile's model and data" if smoke else "full data, gpt2-small dims, context 256"
-    steps = f"training capped at {max_steps} steps" if max_steps else "the whole training"
-    print(f"spam-finetune, frozen trunk cached vs the whole model ({data}; {steps})")
+def print_table(rows: list[dict[str, Any]], size: Size, same: bool) -> None:
+    print(f"spam-finetune, frozen trunk cached vs the whole model ({size.describe()})")
     print(f"{'path':<13}" + "".join(f" {heading:>9}" for heading in FIGURES.values()))
     for row in rows:
         ratio = row["path"] == "cached/whole"
@@ -195,6 +216,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--smoke", action="store_true", help="the smoke profile's tiny model and data")
+    parser.add_argument("--max-rows", type=int, default=None, help="spam messages per split (default: all)")
     parser.add_argument("--max-steps", type=int, default=None, help="training steps per run (default: all)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are printed")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -203,12 +225,14 @@ def main() -> None:
     if args.stage_process is not None:  # the stage's own process
         stage_process(*(Path(arg) for arg in args.stage_process))
         return
-    if args.max_steps is not None and args.max_steps < 1:
-        parser.error(f"--max-steps must be at least 1, got {args.max_steps}")
+    for name, value in (("--max-rows", args.max_rows), ("--max-steps", args.max_steps)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
+    size = Size(args.smoke, args.max_rows, args.max_steps)
     before = load_average()
-    rows, same = measure(args.smoke, args.max_steps, args.rounds)
+    rows, same = measure(size, args.rounds)
     after = load_average()
-    print_table(rows, args.smoke, args.max_steps, same)
+    print_table(rows, size, same)
     print(f"load average before: {before}; after: {after}")
     if args.json is not None:
         payload = {"load_before": before, "load_after": after, "same_outputs": same, "rows": rows}
