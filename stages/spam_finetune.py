@@ -22,6 +22,7 @@ from gptlab.pipeline.stage import answer_arguments_first, stage_main
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
 import dataclasses
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,14 @@ from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
-from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
+from gptlab.pipeline.training_stage import (
+    DatasetRead,
+    Reports,
+    TrainingRun,
+    loss_table,
+    trainable_metadata,
+    training_run,
+)
 from gptlab.schema import flatten
 from gptlab.tasks.classifier import (
     CLASS_NAMES,
@@ -53,21 +61,24 @@ from gptlab.tasks.classifier import (
 )
 from gptlab.tasks.config import SpamConfig
 from gptlab.tasks.fine_tune import adds_lora, require_language_model
+from gptlab.tasks.frozen_trunk import FrozenTrunk, spam_trunk
 from gptlab.tracking.runs import StageRun, section
 from gptlab.training.data_order import evaluation_loader
 from gptlab.training.loop import TrainResult, require_one_batch
+from gptlab.training.resume import RUNS_DIR
 from gptlab.training.runtime import ordered_loader, resolve_device
 
 STAGE = "spam-finetune"
 REPORT_DIR = REPORTS / "spam"
 LOSS_COLUMNS = ["step", "examples_seen", "train_loss", "val_loss"]
 SCORES = ("accuracy", "precision", "recall", "f1")
+# spam params no number depends on: left out of the resume folder's fingerprint.
+OPERATIONAL = ("cache_frozen_trunk",)
 Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]  # actual, predicted, class probabilities
 
 
 def run(params: Params) -> None:
     cfg = params.spam
-    processed_dir = Path(params.data.processed_dir)
     base_dir = GPT2_MODELS / cfg.base_model
     model, base_metadata, data = _classifier_and_data(params, base_dir)
     # The book's scores during training read the loaders of train.rng (under `book` its
@@ -82,18 +93,16 @@ def run(params: Params) -> None:
             trained, score_loaders[split], cfg.pooling, num_batches=num_batches, precision=cfg.train.precision
         )
 
-    with training_run(
-        STAGE,
-        params,
-        logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")},
-        fingerprint={"spam": flatten(cfg), "model": model.cfg.to_dict()},
-        inputs=[base_dir, processed_dir / SUBDIR],
-        dataset=DatasetRead("spam", processed_dir / SUBDIR, {f"{s}_rows": len(d) for s, d in data.items()}),
-        upstream=(base_dir, base_metadata),
-    ) as stage:
+    with (
+        _training_run(params, model, data, base_dir, base_metadata) as stage,
+        spam_trunk(model, data, cfg, RUNS_DIR / STAGE) as trunk,
+    ):
+        _report_trunk(stage.tracker, trunk)
         # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
         torch.manual_seed(cfg.train.seed)
-        initial = {f"{s}_accuracy": eval_accuracy(s, model, cfg.initial_eval_batches) for s in SPLITS}
+        initial = {
+            f"{s}_accuracy": eval_accuracy(s, trunk.view(model), cfg.initial_eval_batches) for s in SPLITS
+        }
         stage.tracker.log_metrics(section("initial", initial), step=0)
         print("before training: " + _percentages(initial))
         if adds_lora(cfg.trainable):
@@ -103,7 +112,9 @@ def run(params: Params) -> None:
         trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
-            scores = {f"{split}_accuracy": eval_accuracy(split, trained) for split in ("train", "val")}
+            scores = {
+                f"{split}_accuracy": eval_accuracy(split, trunk.view(trained)) for split in ("train", "val")
+            }
             print(f"epoch {epoch}: " + _percentages(scores))
             return scores
 
@@ -113,7 +124,7 @@ def run(params: Params) -> None:
             data["train"],
             data["val"],
             cfg.train,
-            classification_loss(cfg.pooling),
+            trunk.loss(classification_loss(cfg.pooling)),
             seen_name="examples_seen",
             count_seen=count_examples,
             on_epoch_end=on_epoch_end,
@@ -124,7 +135,7 @@ def run(params: Params) -> None:
             # The adapters folded into the weights: the model scored below is the one saved, a plain
             # classifier with GPT-2's tensor names that every reader of checkpoints loads as it is.
             merge_lora(model)
-        predictions, final = _final_scores(model, data, cfg)
+        predictions, final = _final_scores(trunk.view(model), data, cfg)
         metrics, counts = _metrics_and_counts(initial, final, result, trainable)
         _write_and_log_scores(stage.tracker, initial, result.epochs, final, data["test"], predictions["test"])
         metadata = _model_metadata(cfg, data["train"].max_length, base_metadata, trainable, metrics)
@@ -139,6 +150,37 @@ def run(params: Params) -> None:
             model_defaults={},
             skip=("confusion_matrix.png",),
         )
+
+
+def _training_run(
+    params: Params,
+    model: GPTModel,
+    data: dict[str, SpamDataset],
+    base_dir: Path,
+    base_metadata: dict[str, Any],
+) -> AbstractContextManager[TrainingRun]:
+    """The stage's MLflow run and resume folder, keyed by what determines its numbers."""
+    cfg = params.spam
+    spam_dir = Path(params.data.processed_dir) / SUBDIR
+    return training_run(
+        STAGE,
+        params,
+        logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "spam")},
+        fingerprint={
+            "spam": {k: v for k, v in flatten(cfg).items() if k not in OPERATIONAL},
+            "model": model.cfg.to_dict(),
+        },
+        inputs=[base_dir, spam_dir],
+        dataset=DatasetRead("spam", spam_dir, {f"{s}_rows": len(d) for s, d in data.items()}),
+        upstream=(base_dir, base_metadata),
+    )
+
+
+def _report_trunk(tracker: StageRun, trunk: FrozenTrunk) -> None:
+    """Which path the stage takes, and why: the frozen trunk computed once, or every pass."""
+    tracker.log_params({"spam.frozen_trunk_cache": trunk.summary})
+    took = f" in {trunk.seconds:.1f} s" if trunk.cached else ""
+    print(f"frozen trunk cache {trunk.summary}{took}")
 
 
 def _model_metadata(

@@ -71,6 +71,10 @@ class SpamConfig:
     drop_rate: float
     # Batches of each split scored before training (the book prints them: 10).
     initial_eval_batches: int
+    # Compute the frozen embeddings and blocks' output once per message where that is exact
+    # (gptlab.tasks.frozen_trunk): the same numbers, a fraction of the time. Operational: no
+    # number depends on it, so it keeps no run from resuming.
+    cache_frozen_trunk: bool
     train: TrainConfig
 
     def __post_init__(self) -> None:

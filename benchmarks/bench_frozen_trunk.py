@@ -1,0 +1,243 @@
+"""spam-finetune with its frozen trunk computed once, against the whole model on every pass, side by side.
+
+Both paths read one project copy (bench_stage.py's: download and tokenize run
+offline through GPTLAB_MIRROR) and one base model built the offline profile's
+way (bench_finetune.py's: pretrain cut to one step, converted by load-gpt2, so
+gpt2-small's dimensions with context 256). The stage runs at params.yaml's
+chapter 6 settings with `spam.cache_frozen_trunk` true ("cached") and false
+("whole"), each in a fresh process, rounds interleaved. Printed per path: the
+stage's wall time, the training loop's seconds per step and per evaluation, the
+trunk's one-off computation, the rest of the stage (start-up, initial and final
+scores, outputs), peak RSS, and whether both paths wrote the same bytes
+(metrics, reports, the checkpoint).
+
+    python benchmarks/bench_frozen_trunk.py --smoke                # the smoke profile's model and data: ~1 min
+    python benchmarks/bench_frozen_trunk.py --max-rows 96 --max-steps 12   # gpt2-small dims, a slice of the data
+    python benchmarks/bench_frozen_trunk.py --max-steps 20         # full data, 20 steps: ~15 min on 2 quiet cores
+    python benchmarks/bench_frozen_trunk.py                        # the whole stage, 650 steps: about an hour
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bench_finetune import Sizes, run_script
+from bench_finetune import variant_params as base_params
+from bench_stage import child_env, load_average, merged, prepared_project
+
+PATHS = {"cached": True, "whole": False}
+STAGE = "spam_finetune"
+OUTPUTS = (
+    "reports/spam/metrics.json",
+    "reports/spam/counts.json",
+    "reports/spam/losses.csv",
+    "reports/spam/accuracy.csv",
+    "reports/spam/predictions.csv",
+    "models/spam/model.safetensors",
+    "models/spam/config.json",
+)
+FIGURES = {
+    "wall_seconds": "wall",
+    "trunk_seconds": "trunk",
+    "seconds_per_step": "s/step",
+    "seconds_per_evaluation": "s/eval",
+    "rest_seconds": "rest",
+    "peak_rss_gb": "peak RSS",
+}
+
+
+@dataclass(frozen=True)
+class Size:
+    """What the runs are cut to: the smoke profile's model and data, the spam rows per split, the steps."""
+
+    smoke: bool
+    max_rows: int | None
+    max_steps: int | None
+
+    def describe(self) -> str:
+        model = "the smoke profile's model" if self.smoke else "gpt2-small dims, context 256"
+        rows = f"at most {self.max_rows} messages per split" if self.max_rows else "full data"
+        if self.smoke and not self.max_rows:
+            rows = "the smoke profile's data"
+        steps = f"training capped at {self.max_steps} steps" if self.max_steps else "the whole training"
+        return f"{model}, {rows}, {steps}"
+
+
+def prepared(workdir: Path, size: Size) -> tuple[Path, dict[str, Path]]:
+    """The project copy with its base model, and a params file per path."""
+    project = prepared_project(workdir)
+    base = base_params(project, "default", Sizes(size.smoke, 1, 32))["base"]
+    if size.max_rows:
+        values = yaml.safe_load(base.read_text())
+        values["tokenize"]["spam"]["max_rows"] = size.max_rows
+        base.write_text(yaml.safe_dump(values, sort_keys=False))
+    if size.smoke or size.max_rows:  # tokenize again: the data is sliced
+        run_script(project, "tokenize_data", base)
+    run_script(project, "pretrain", base)
+    run_script(project, "load_gpt2", base)
+    params = merged(
+        yaml.safe_load((project / "params.yaml").read_text()),
+        yaml.safe_load((project / "profiles/offline.yaml").read_text()),
+    )
+    if size.smoke:  # its data and model; chapter 6's trainable (the profile trains all, with no frozen trunk)
+        trainable = params["spam"]["trainable"]
+        params = merged(params, yaml.safe_load((project / "profiles/smoke.yaml").read_text()))
+        params["spam"]["trainable"] = trainable
+    files = {}
+    for path, cache in PATHS.items():
+        overrides = {
+            "spam": {"cache_frozen_trunk": cache, "train": {"max_steps": size.max_steps}},
+            "tracking": {"experiment": "bench-frozen-trunk", "log_models": False},
+        }
+        files[path] = project / f"params-{path}.yaml"
+        files[path].write_text(yaml.safe_dump(merged(params, overrides), sort_keys=False))
+    return project, files
+
+
+def run_path(project: Path, params: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """One fresh process running the stage: its figures, and the bytes of what it wrote."""
+    report = project / "bench-frozen-trunk.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--stage-process", str(params), str(report)]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=project, env=child_env(project), capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"spam-finetune failed:\n{done.stderr[-3000:]}")
+    recorded = json.loads(report.read_text())
+    phases = recorded["phase_seconds"]
+    figures = {
+        "wall_seconds": wall,
+        "trunk_seconds": recorded["trunk_seconds"],
+        "seconds_per_step": phases["step"] / recorded["steps"],
+        "seconds_per_evaluation": phases["evaluation"] / recorded["evaluations"],
+        "rest_seconds": wall - recorded["trunk_seconds"] - recorded["training_seconds"],
+        "peak_rss_gb": recorded["peak_rss_kb"] / 1024**2,
+        "steps": recorded["steps"],
+        "evaluations": recorded["evaluations"],
+        "training_seconds": recorded["training_seconds"],
+        "summary": recorded["summary"],
+    }
+    return figures, {name: (project / name).read_bytes() for name in OUTPUTS}
+
+
+def stage_process(params: Path, report: Path) -> None:
+    """Run the stage in this process as its script does, recording its loop's figures and its trunk's."""
+    from gptlab.pipeline import training_stage
+    from gptlab.pipeline.stage import stage_main
+
+    module = importlib.import_module(f"stages.{STAGE}")
+    recorded: dict[str, Any] = {}
+    fit, spam_trunk = training_stage.fit, module.spam_trunk
+
+    def recorded_fit(*args: Any, **kwargs: Any) -> Any:
+        result = fit(*args, **kwargs)
+        recorded.update(
+            steps=result.steps - result.resumed_steps,
+            evaluations=len(result.history),
+            training_seconds=result.wall_seconds,
+            phase_seconds=result.phase_seconds,
+        )
+        return result
+
+    @contextmanager
+    def recorded_trunk(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with spam_trunk(*args, **kwargs) as trunk:
+            recorded.update(trunk_seconds=trunk.seconds, summary=trunk.summary)
+            yield trunk
+
+    training_stage.fit, module.spam_trunk = recorded_fit, recorded_trunk
+    stage_main(module.run, module.__doc__, ["--params", str(params)])
+    peaks = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    report.write_text(json.dumps({**recorded, "peak_rss_kb": max(peaks)}))  # Linux: kilobytes
+
+
+def measure(size: Size, rounds: int) -> tuple[list[dict[str, Any]], bool]:
+    """One row per path (medians over the rounds) and their ratio; whether every run wrote the same bytes."""
+    with tempfile.TemporaryDirectory(prefix="gptlab-bench-frozen-trunk-") as tmp:
+        project, files = prepared(Path(tmp), size)
+        runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
+        written: list[dict[str, bytes]] = []
+        for _ in range(rounds):
+            for path in PATHS:
+                figures, outputs = run_path(project, files[path])
+                runs[path].append(figures)
+                written.append(outputs)
+                print(f"  {path}: {figures['wall_seconds']:.1f} s", file=sys.stderr)
+    rows = []
+    for path in PATHS:
+        medians = {key: statistics.median(r[key] for r in runs[path]) for key in FIGURES}
+        rows.append({"path": path, **runs[path][-1], **medians})
+    ratio = {key: rows[0][key] / rows[1][key] if rows[1][key] else None for key in FIGURES}
+    rows.append({"path": "cached/whole", **ratio})
+    return rows, all(outputs == written[0] for outputs in written)
+
+
+def print_table(rows: list[dict[str, Any]], size: Size, same: bool) -> None:
+    print(f"spam-finetune, frozen trunk cached vs the whole model ({size.describe()})")
+    print(f"{'path':<13}" + "".join(f" {heading:>9}" for heading in FIGURES.values()))
+    for row in rows:
+        ratio = row["path"] == "cached/whole"
+        print(f"{row['path']:<13}" + "".join(f" {_cell(row[key], key, ratio):>9}" for key in FIGURES))
+    for row in rows[:2]:
+        print(
+            f"{row['path']}: {row['steps']} steps, {row['evaluations']} evaluations, training loop "
+            f"{row['training_seconds']:.1f} s; frozen trunk cache {row['summary']}"
+        )
+    print(f"same outputs (metrics, reports, checkpoint) on both paths: {'yes' if same else 'NO'}")
+
+
+def _cell(value: float | None, key: str, ratio: bool) -> str:
+    """One table cell, never blank: "-" where the figure does not apply (the whole model computes no trunk)."""
+    if value is None or (key == "trunk_seconds" and value == 0 and not ratio):
+        return "-"
+    if ratio:
+        return f"{value:.2f}x"
+    if key == "peak_rss_gb":
+        return f"{value:.2f}GB"
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="the smoke profile's tiny model and data")
+    parser.add_argument("--max-rows", type=int, default=None, help="spam messages per split (default: all)")
+    parser.add_argument("--max-steps", type=int, default=None, help="training steps per run (default: all)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are printed")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--stage-process", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stage_process is not None:  # the stage's own process
+        stage_process(*(Path(arg) for arg in args.stage_process))
+        return
+    for name, value in (("--max-rows", args.max_rows), ("--max-steps", args.max_steps)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
+    size = Size(args.smoke, args.max_rows, args.max_steps)
+    before = load_average()
+    rows, same = measure(size, args.rounds)
+    after = load_average()
+    print_table(rows, size, same)
+    print(f"load average before: {before}; after: {after}")
+    if args.json is not None:
+        payload = {"load_before": before, "load_after": after, "same_outputs": same, "rows": rows}
+        args.json.write_text(json.dumps(payload, indent=2))
+
+
+if __name__ == "__main__":
+    main()
