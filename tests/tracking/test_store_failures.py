@@ -59,7 +59,16 @@ def report(tmp_path: Path) -> list[str]:
     reports = tmp_path / "reports"
     reports.mkdir(exist_ok=True)
     book = PROJECT_ROOT / "reproduction" / "book.yaml"
-    return ["report", "--reports", str(reports), "--out", str(tmp_path / "R.md"), "--book", str(book)]
+    return [
+        "report",
+        "--reports",
+        str(reports),
+        "--out",
+        str(tmp_path / "R.md"),
+        "--book",
+        str(book),
+        "--log",
+    ]
 
 
 def stage(params: Path) -> int:

@@ -304,7 +304,10 @@ def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Pa
     assert tags["gptlab.upstream_run_id"] == upstream_id
     assert tags["gptlab.upstream_stage"] == "pretrain"
     assert tags["gptlab.upstream_checkpoint"] == checkpoint.as_posix()
-    assert f"[pretrain](#/experiments/{experiment_id}/runs/{upstream_id})" in tags["mlflow.note.content"]
+    assert (
+        f"[pretrain](#/experiments/{experiment_id}/runs/{upstream_id}?workflowType=machine_learning)"
+        in tags["mlflow.note.content"]
+    )
 
 
 def _dvc_env() -> dict[str, str]:
