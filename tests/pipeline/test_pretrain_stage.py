@@ -217,7 +217,10 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert eval_run.data.tags["gptlab.pipeline_run"] != rerun.data.tags["gptlab.pipeline_run"]
     # The eval run links the pretrain run that wrote the checkpoint it scored (found by its weights).
     assert eval_run.data.tags["gptlab.upstream_run_id"] == resumed_run.info.run_id
-    assert f"/runs/{resumed_run.info.run_id})" in eval_run.data.tags["mlflow.note.content"]
+    assert (
+        f"/runs/{resumed_run.info.run_id}?workflowType=machine_learning)"
+        in eval_run.data.tags["mlflow.note.content"]
+    )
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_credentials_in_the_uri_or_the_environment_reach_the_server_and_are_neve
     experiment_name = committed_params().tracking.experiment
     host = server.uri.removeprefix("http://")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{PASSWORD}@{host}")
-    report = ["report", "--reports", str(tmp_path / "reports"), "--out", str(tmp_path / "R.md")]
+    report = ["report", "--reports", str(tmp_path / "reports"), "--out", str(tmp_path / "R.md"), "--log"]
     report += ["--book", str(PROJECT_ROOT / "reproduction" / "book.yaml")]
     assert main(report) == 0  # a stage's run: checked, logged and ended through the credentials
     out, err = capsys.readouterr()
