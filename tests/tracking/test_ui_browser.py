@@ -27,6 +27,7 @@ import yaml
 from helpers import committed_params_raw, copy_code, dvc, git
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+# A developer's machine may lack a browser; CI installs Debian's (.ci/run), so CI always runs this.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
