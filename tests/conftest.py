@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def isolated_tools(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+def isolated_tools(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
     """Every test gets its own real MLflow store; nothing phones home or writes outside tmp."""
     store = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{store}/mlflow.db"
@@ -52,7 +55,10 @@ def isolated_tools(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The stages a test runs find their inputs in the tests' cache (filled by `shared_data`).
     monkeypatch.setenv("GPTLAB_MIRROR", str(cache_dir()))
-    return uri
+    yield uri
+    # A stage run in-process sets MLflow's global URI, which outranks the next test's variable.
+    if "mlflow" in sys.modules:
+        sys.modules["mlflow"].set_tracking_uri(None)
 
 
 @pytest.fixture

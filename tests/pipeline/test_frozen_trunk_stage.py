@@ -154,7 +154,7 @@ def test_cached_and_whole_model_stages_write_the_same_bytes_even_killed_and_resu
         assert snapshot(project) == whole, f"cut {'cached' if cut else 'whole'}, resumed on the other path"
     assert not list((project / RUNS).iterdir()), "finished runs leave no state, and the cache no file"
 
-    client = MlflowClient()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("gptlab")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     paths = [run.data.params["spam.frozen_trunk_cache"].split(":")[0] for run in runs]
