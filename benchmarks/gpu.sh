@@ -5,7 +5,8 @@
 # fused AdamW, chunked loss), each with tokens/s and MFU against PEAK_TFLOPS: by
 # default the H200's bf16 dense peak, 989 TFLOP/s (an H100 SXM's is also 989; set
 # it for others); then every stage of the smoke profile on the GPU (`train.device:
-# auto` picks CUDA), timed, with its metrics table (CPU baselines do not apply).
+# auto` picks CUDA, printed first), timed; its metrics are not checked (the
+# baselines are CPU runs'). The package need not be installed: src/ is on PYTHONPATH.
 #
 #   GPTLAB_MIRROR=/path/to/mirror bash benchmarks/gpu.sh   # or with data/raw filled by `dvc repro download`
 set -euo pipefail
@@ -22,5 +23,6 @@ timeout 120 python benchmarks/bench_pretrain_epoch.py --device cuda --peak-tflop
 workdir=$(mktemp -d)
 trap 'rm -rf "$workdir"' EXIT
 start=$(date +%s)
+python -c 'from gptlab.training.runtime import resolve_device; print("train.device: auto ->", resolve_device("auto"))'
 timeout 600 python -m gptlab.cli.main smoke --no-check --workdir "$workdir/smoke"
 echo "smoke profile on CUDA, every stage: $(( $(date +%s) - start )) s"

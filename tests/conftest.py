@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sqlite3
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from helpers import TINY_GPT, MlflowServer, cache_dir, inputs_dir
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n auto`), each worker gets its share of the cores, set before torch loads.
+
+    Without it, N workers of N threads each would fight over the cores. Subprocesses inherit it.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding end-to-end (slow) tests first, each kept whole for its module fixtures.
+
+    Under `-n auto` the long runs then start at once, and the short tests fill the end.
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")
@@ -41,12 +64,26 @@ def checkpoint(tmp_path: Path) -> Path:
     return save_model(build_gpt(TINY_GPT).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new MLflow SQLite store, created by MLflow once per session: its ~30 schema migrations take
+    seconds, which each test's store would otherwise pay again (a copy takes milliseconds)."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-empty") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
 @pytest.fixture(autouse=True)
 def isolated_tools(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, empty_store: Path
 ) -> Iterator[str]:
     """Every test gets its own real MLflow store; nothing phones home or writes outside tmp."""
     store = tmp_path_factory.mktemp("mlflow")
+    shutil.copyfile(empty_store, store / "mlflow.db")
+    with closing(sqlite3.connect(store / "mlflow.db")) as db, db:  # as if created here
+        db.execute("UPDATE experiments SET artifact_location = ?", (str(store / "mlruns" / "0"),))
     uri = f"sqlite:///{store}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")

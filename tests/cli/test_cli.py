@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from gptlab.errors import GptlabError, InputError, describe_failure
 from gptlab.experiments.sweep import sweep_path
 from gptlab.model.checkpoint import WEIGHTS_FILE
 
-from helpers import one_line_error
+from helpers import PROJECT_ROOT, one_line_error
 
 HEAVY = ("torch", "gptlab.model.gpt", "mlflow")
 
@@ -73,6 +75,23 @@ def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str])
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"gptlab {importlib.metadata.version('gptlab')}"
+
+
+def test_version_from_a_source_tree_that_is_not_installed(tmp_path: Path) -> None:
+    """`python -m gptlab.cli.main` with PYTHONPATH=src and no installed package (as benchmarks/gpu.sh runs)."""
+    import yaml
+
+    libs = tmp_path / "libs"  # the package and PyYAML alone: no metadata of an install on the path
+    shutil.copytree(PROJECT_ROOT / "src" / "gptlab", libs / "gptlab")
+    (libs / "yaml").symlink_to(Path(yaml.__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "gptlab.cli.main", "--version"],
+        env={**os.environ, "PYTHONPATH": str(libs)},  # -S: no site-packages
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "gptlab (not installed: running from a source tree)"
 
 
 def test_a_folder_given_for_a_file_is_named_as_a_folder(

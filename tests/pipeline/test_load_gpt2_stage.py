@@ -191,6 +191,8 @@ def damage_file(path: Path, damage: str) -> bytes:
 @pytest.mark.parametrize("damage", ["tampered", "truncated"])
 def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], damage: str) -> None:
     damage_file(Path("mirror/gpt2-weights/gpt2-small/model.safetensors"), damage)
+    store = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))
+    untouched = store.read_bytes()  # the test's empty store
 
     with pytest.raises(FetchError) as info:
         run(load_params())
@@ -200,8 +202,8 @@ def test_damaged_weights_are_refused(hf_mirror: dict[str, GPT2LMHeadModel], dama
     assert "gpt2.source: pretrain" in message
     assert not list(Path("data/weights/gpt2-small").iterdir())  # nothing partial or unverified left
     assert not Path("models/gpt2").exists()
-    # No MLflow run was opened: the tracking database was never even created.
-    assert not Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")).exists()
+    # No MLflow run was opened: not even an experiment was written to the store.
+    assert store.read_bytes() == untouched
 
 
 def run_stage_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

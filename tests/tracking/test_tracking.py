@@ -95,6 +95,8 @@ def test_a_rank_other_than_0_gets_the_disabled_run_which_logs_nothing(
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     missing = tmp_path / "missing"  # any method that read it would raise
+    store = Path(isolated_tools.removeprefix("sqlite:///"))
+    untouched = store.read_bytes()  # the test's empty store: any run, experiment or tag would change it
     with stage_run("pretrain", "exp-rank-1", {"pretrain.seed": 1}) as run:
         assert run is NULL_RUN and run.run_id is None
         run.log_metrics({"val_loss": 6.5}, step=3)
@@ -110,7 +112,7 @@ def test_a_rank_other_than_0_gets_the_disabled_run_which_logs_nothing(
         run.log_input("verdict", missing, context="training")
         run.record_checkpoint(missing)
         run.link_upstream(missing, {"stage": "pretrain"})
-    assert not Path(isolated_tools.removeprefix("sqlite:///")).exists()
+    assert store.read_bytes() == untouched
 
 
 def test_artifacts_land_in_the_store(tmp_path: Path) -> None:

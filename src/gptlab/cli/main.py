@@ -56,15 +56,21 @@ Then: gptlab compare (the experiments side by side), gptlab ui (the MLflow runs)
 gptlab metrics check (against a baseline), gptlab classify / chat (the trained models)."""
 
 
+def installed_version() -> str:
+    """The installed package's version; a source tree run through PYTHONPATH has none, and still runs."""
+    try:
+        return importlib.metadata.version("gptlab")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: running from a source tree)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gptlab",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--version", action="version", version=f"gptlab {importlib.metadata.version('gptlab')}"
-    )
+    parser.add_argument("--version", action="version", version=f"gptlab {installed_version()}")
     parser.add_argument(
         "-v",
         "--verbose",
