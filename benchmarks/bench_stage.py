@@ -235,7 +235,12 @@ def measure(
     return rows
 
 
-def main() -> None:
+def chosen(variants: list[str]) -> tuple[str, ...]:
+    """The variants to run, in the table's order; the book's loop, the yardstick, always."""
+    return tuple(v for v in VARIANTS if v == "book" or v in variants)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -252,7 +257,11 @@ def main() -> None:
     )
     parser.add_argument("--book-loop", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--keep-freed-memory", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.book_loop is not None:  # the book variant's own process
         if args.keep_freed_memory:
             keep_freed_memory()
@@ -260,7 +269,7 @@ def main() -> None:
         return
 
     before = load_average()
-    variants = tuple(v for v in VARIANTS if v == "book" or v in args.variants)
+    variants = chosen(args.variants)
     rows = measure(args.smoke, args.epochs, args.rounds, variants)
     after = load_average()
     size = "smoke model" if args.smoke else "GPT-2 small dims"
