@@ -15,6 +15,13 @@ scores, outputs), peak RSS, and whether both paths wrote the same bytes
     python benchmarks/bench_frozen_trunk.py --max-rows 96 --max-steps 12   # gpt2-small dims, a slice of the data
     python benchmarks/bench_frozen_trunk.py --max-steps 20         # full data, 20 steps: ~15 min on 2 quiet cores
     python benchmarks/bench_frozen_trunk.py                        # the whole stage, 650 steps: about an hour
+    python benchmarks/bench_frozen_trunk.py --against 94f0011      # and the stage as that commit wrote it
+    python benchmarks/bench_frozen_trunk.py --paths cached --against 94f0011   # the default stage vs that commit's
+
+`--against REV` adds a third run: REV's own code (`git archive`) on the same
+inputs and base model, at REV's params.yaml with the same profile and caps,
+timed from outside (wall, peak RSS); its metrics and reports must equal the
+cached path's byte for byte.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +46,7 @@ from typing import Any
 import yaml
 from bench_finetune import Sizes, run_script
 from bench_finetune import variant_params as base_params
-from bench_stage import child_env, load_average, merged, prepared_project
+from bench_stage import ROOT, child_env, load_average, merged, prepared_project
 
 PATHS = {"cached": True, "whole": False}
 STAGE = "spam_finetune"
@@ -50,6 +59,7 @@ OUTPUTS = (
     "models/spam/model.safetensors",
     "models/spam/config.json",
 )
+REPORTS_COMPARED = OUTPUTS[:5]  # another commit's checkpoint may carry other metadata: its numbers only
 FIGURES = {
     "wall_seconds": "wall",
     "trunk_seconds": "trunk",
@@ -89,6 +99,18 @@ def prepared(workdir: Path, size: Size) -> tuple[Path, dict[str, Path]]:
         run_script(project, "tokenize_data", base)
     run_script(project, "pretrain", base)
     run_script(project, "load_gpt2", base)
+    params = profile_params(project, size)
+    files = {}
+    for path, cache in PATHS.items():
+        files[path] = project / f"params-{path}.yaml"
+        files[path].write_text(
+            yaml.safe_dump(merged(params, {"spam": {"cache_frozen_trunk": cache}}), sort_keys=False)
+        )
+    return project, files
+
+
+def profile_params(project: Path, size: Size) -> dict[str, Any]:
+    """`project`'s params.yaml with its offline profile, at `size` (chapter 6's trainable kept for smoke)."""
     params = merged(
         yaml.safe_load((project / "params.yaml").read_text()),
         yaml.safe_load((project / "profiles/offline.yaml").read_text()),
@@ -97,15 +119,45 @@ def prepared(workdir: Path, size: Size) -> tuple[Path, dict[str, Path]]:
         trainable = params["spam"]["trainable"]
         params = merged(params, yaml.safe_load((project / "profiles/smoke.yaml").read_text()))
         params["spam"]["trainable"] = trainable
-    files = {}
-    for path, cache in PATHS.items():
-        overrides = {
-            "spam": {"cache_frozen_trunk": cache, "train": {"max_steps": size.max_steps}},
-            "tracking": {"experiment": "bench-frozen-trunk", "log_models": False},
-        }
-        files[path] = project / f"params-{path}.yaml"
-        files[path].write_text(yaml.safe_dump(merged(params, overrides), sort_keys=False))
-    return project, files
+    tracking = {"experiment": "bench-frozen-trunk", "log_models": False}
+    return merged(params, {"spam": {"train": {"max_steps": size.max_steps}}, "tracking": tracking})
+
+
+def commit_copy(project: Path, rev: str, size: Size) -> tuple[Path, Path]:
+    """REV's own code (`git archive`) holding `project`'s inputs and base model; its params file."""
+    copy = project.parent / "against"
+    copy.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive.stdout, check=True)
+    shutil.copytree(project / "data", copy / "data", dirs_exist_ok=True)  # the archive holds data/.gitignore
+    shutil.copytree(project / "models" / "gpt2", copy / "models" / "gpt2", dirs_exist_ok=True)
+    params = copy / "params-against.yaml"
+    params.write_text(yaml.safe_dump(profile_params(copy, size), sort_keys=False))
+    return copy, params
+
+
+def run_commit(copy: Path, params: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """REV's stage script in a fresh process, timed from outside: wall and peak RSS; its reports."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, f"stages/{STAGE}.py", "--params", str(params)],
+        cwd=copy,
+        env=child_env(copy),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"spam-finetune at the other commit failed:\n{proc.stderr.read().decode()[-3000:]}"
+        )
+    figures = {key: None for key in FIGURES} | {
+        "wall_seconds": wall,
+        "peak_rss_gb": usage.ru_maxrss / 1024**2,
+    }
+    return figures, {name: (copy / name).read_bytes() for name in REPORTS_COMPARED}
 
 
 def run_path(project: Path, params: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -165,39 +217,71 @@ def stage_process(params: Path, report: Path) -> None:
     report.write_text(json.dumps({**recorded, "peak_rss_kb": max(peaks)}))  # Linux: kilobytes
 
 
-def measure(size: Size, rounds: int) -> tuple[list[dict[str, Any]], bool]:
-    """One row per path (medians over the rounds) and their ratio; whether every run wrote the same bytes."""
+def measure(
+    size: Size, rounds: int, against: str | None = None, paths: tuple[str, ...] = tuple(PATHS)
+) -> tuple[list[dict[str, Any]], bool, bool | None]:
+    """One row per path (medians over the rounds) and the ratios to the cached path; whether every run
+    of both paths wrote the same bytes; whether `against` wrote the same metrics and reports (None: no run)."""
     with tempfile.TemporaryDirectory(prefix="gptlab-bench-frozen-trunk-") as tmp:
         project, files = prepared(Path(tmp), size)
-        runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
-        written: list[dict[str, bytes]] = []
+        runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
+        written: dict[str, list[dict[str, bytes]]] = {path: [] for path in paths}
+        if against is not None:
+            copy, against_params = commit_copy(project, against, size)
+            runs[against], written[against] = [], []
         for _ in range(rounds):
-            for path in PATHS:
-                figures, outputs = run_path(project, files[path])
+            for path in runs:
+                if path == against:
+                    figures, outputs = run_commit(copy, against_params)
+                else:
+                    figures, outputs = run_path(project, files[path])
                 runs[path].append(figures)
-                written.append(outputs)
+                written[path].append(outputs)
                 print(f"  {path}: {figures['wall_seconds']:.1f} s", file=sys.stderr)
     rows = []
-    for path in PATHS:
-        medians = {key: statistics.median(r[key] for r in runs[path]) for key in FIGURES}
-        rows.append({"path": path, **runs[path][-1], **medians})
-    ratio = {key: rows[0][key] / rows[1][key] if rows[1][key] else None for key in FIGURES}
-    rows.append({"path": "cached/whole", **ratio})
-    return rows, all(outputs == written[0] for outputs in written)
+    for path, measured in runs.items():
+        medians = {key: _median([r[key] for r in measured]) for key in FIGURES}
+        rows.append({"path": path, **measured[-1], **medians})
+    cached, *others = rows
+    for other in others:
+        ratio = {key: _ratio(cached[key], other[key]) for key in FIGURES}
+        rows.append({"path": f"cached/{other['path']}", **ratio})
+    reference = written["cached"][0]
+    same = all(outputs == reference for path in paths for outputs in written[path])
+    same_against = None if against is None else all(_same(o, reference) for o in written[against])
+    return rows, same, same_against
 
 
-def print_table(rows: list[dict[str, Any]], size: Size, same: bool) -> None:
+def _same(outputs: dict[str, bytes], reference: dict[str, bytes]) -> bool:
+    """Every file of `outputs` (an `against` run: REPORTS_COMPARED) is the same in `reference`."""
+    return all(reference[name] == data for name, data in outputs.items())
+
+
+def _median(values: list[float | None]) -> float | None:
+    return None if None in values else statistics.median(values)
+
+
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    return value / baseline if value is not None and baseline else None
+
+
+def print_table(rows: list[dict[str, Any]], size: Size, same: bool, same_against: bool | None) -> None:
     print(f"spam-finetune, frozen trunk cached vs the whole model ({size.describe()})")
     print(f"{'path':<13}" + "".join(f" {heading:>9}" for heading in FIGURES.values()))
     for row in rows:
-        ratio = row["path"] == "cached/whole"
+        ratio = row["path"].startswith("cached/")
         print(f"{row['path']:<13}" + "".join(f" {_cell(row[key], key, ratio):>9}" for key in FIGURES))
-    for row in rows[:2]:
+    ours = [row for row in rows if row["path"] in PATHS]
+    for row in ours:
         print(
             f"{row['path']}: {row['steps']} steps, {row['evaluations']} evaluations, training loop "
             f"{row['training_seconds']:.1f} s; frozen trunk cache {row['summary']}"
         )
-    print(f"same outputs (metrics, reports, checkpoint) on both paths: {'yes' if same else 'NO'}")
+    if len(ours) > 1:
+        print(f"same outputs (metrics, reports, checkpoint) on both paths: {'yes' if same else 'NO'}")
+    if same_against is not None:
+        against = rows[len(ours)]["path"]
+        print(f"same metrics and reports at {against} as cached: {'yes' if same_against else 'NO'}")
 
 
 def _cell(value: float | None, key: str, ratio: bool) -> str:
@@ -220,6 +304,16 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="training steps per run (default: all)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are printed")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=list(PATHS),
+        default=list(PATHS),
+        help="which of our paths to run (cached, the yardstick, always runs)",
+    )
+    parser.add_argument(
+        "--against", metavar="REV", default=None, help="also run the stage as this git commit wrote it"
+    )
     parser.add_argument("--stage-process", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage_process is not None:  # the stage's own process
@@ -230,12 +324,14 @@ def main() -> None:
             parser.error(f"{name} must be at least 1, got {value}")
     size = Size(args.smoke, args.max_rows, args.max_steps)
     before = load_average()
-    rows, same = measure(size, args.rounds)
+    paths = tuple(path for path in PATHS if path == "cached" or path in args.paths)
+    rows, same, same_against = measure(size, args.rounds, args.against, paths)
     after = load_average()
-    print_table(rows, size, same)
+    print_table(rows, size, same, same_against)
     print(f"load average before: {before}; after: {after}")
     if args.json is not None:
         payload = {"load_before": before, "load_after": after, "same_outputs": same, "rows": rows}
+        payload |= {"against": args.against, "same_as_against": same_against}
         args.json.write_text(json.dumps(payload, indent=2))
 
 

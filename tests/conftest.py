@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -71,7 +73,14 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mlflow.tracking import MlflowClient
 
     db = tmp_path_factory.mktemp("mlflow-empty") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
+    # Quietly: SQLAlchemy's deprecations and MLflow's INFO lines inside its migrations are not the tests'.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        logging.disable(logging.INFO)
+        try:
+            MlflowClient(f"sqlite:///{db}").search_experiments()
+        finally:
+            logging.disable(logging.NOTSET)
     return db
 
 

@@ -26,6 +26,8 @@ def test_the_frozen_trunk_benchmark_times_both_paths_and_compares_their_outputs(
             "--smoke",
             "--max-steps",
             "6",
+            "--against",
+            "HEAD",  # the committed code: a third run, timed from outside, its reports compared
             "--json",
             str(out),
         ],
@@ -38,8 +40,13 @@ def test_the_frozen_trunk_benchmark_times_both_paths_and_compares_their_outputs(
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["same_outputs"] is True
-    cached, whole, ratio = report["rows"]
-    assert [cached["path"], whole["path"], ratio["path"]] == ["cached", "whole", "cached/whole"]
+    cached, whole, head, ratio, head_ratio = report["rows"]
+    paths = [row["path"] for row in report["rows"]]
+    assert paths == ["cached", "whole", "HEAD", "cached/whole", "cached/HEAD"]
+    assert report["against"] == "HEAD" and isinstance(report["same_as_against"], bool)
+    assert head["wall_seconds"] > 0 and head["peak_rss_gb"] > 0 and head["seconds_per_step"] is None
+    assert head_ratio["wall_seconds"] == cached["wall_seconds"] / head["wall_seconds"]
+    assert head_ratio["seconds_per_step"] is None
     assert cached["summary"].startswith(
         "on: the embeddings and block 0 computed once"
     )  # the smoke model: 2 blocks
@@ -50,6 +57,6 @@ def test_the_frozen_trunk_benchmark_times_both_paths_and_compares_their_outputs(
         assert all(row[figure] > 0 for figure in FIGURES), row
     assert all(ratio[figure] == cached[figure] / whole[figure] for figure in FIGURES)
     lines = done.stdout.splitlines()
-    assert [line.split()[0] for line in lines[2:5]] == ["cached", "whole", "cached/whole"]
+    assert [line.split()[0] for line in lines[2:7]] == paths
     assert "same outputs (metrics, reports, checkpoint) on both paths: yes" in done.stdout
     assert "load average before" in done.stdout
