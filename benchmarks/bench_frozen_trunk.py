@@ -138,21 +138,23 @@ def commit_copy(project: Path, rev: str, size: Size) -> tuple[Path, Path]:
 
 def run_commit(copy: Path, params: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     """REV's stage script in a fresh process, timed from outside: wall and peak RSS; its reports."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, f"stages/{STAGE}.py", "--params", str(params)],
-        cwd=copy,
-        env=child_env(copy),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"spam-finetune at the other commit failed:\n{proc.stderr.read().decode()[-3000:]}"
+    # Its output to a file, not a pipe: nothing reads a pipe during wait4, and a full one stops the stage.
+    with tempfile.TemporaryFile() as output:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, f"stages/{STAGE}.py", "--params", str(params)],
+            cwd=copy,
+            env=child_env(copy),
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        if proc.returncode != 0:
+            output.seek(0)
+            failed = output.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"spam-finetune at the other commit failed:\n{failed}")
     figures = {key: None for key in FIGURES} | {
         "wall_seconds": wall,
         "peak_rss_gb": usage.ru_maxrss / 1024**2,
