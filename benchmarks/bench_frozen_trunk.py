@@ -249,7 +249,7 @@ def measure(
         ratio = {key: _ratio(cached[key], other[key]) for key in FIGURES}
         rows.append({"path": f"cached/{other['path']}", **ratio})
     reference = written["cached"][0]
-    same = all(outputs == reference for path in paths for outputs in written[path])
+    same = all(_same(outputs, reference) for path in paths for outputs in written[path])
     same_against = None if against is None else all(_same(o, reference) for o in written[against])
     return rows, same, same_against
 
@@ -267,7 +267,9 @@ def _ratio(value: float | None, baseline: float | None) -> float | None:
     return value / baseline if value is not None and baseline else None
 
 
-def print_table(rows: list[dict[str, Any]], size: Size, same: bool, same_against: bool | None) -> None:
+def print_table(
+    rows: list[dict[str, Any]], size: Size, same: bool, against: str | None, same_against: bool | None
+) -> None:
     print(f"spam-finetune, frozen trunk cached vs the whole model ({size.describe()})")
     print(f"{'path':<13}" + "".join(f" {heading:>9}" for heading in FIGURES.values()))
     for row in rows:
@@ -281,8 +283,7 @@ def print_table(rows: list[dict[str, Any]], size: Size, same: bool, same_against
         )
     if len(ours) > 1:
         print(f"same outputs (metrics, reports, checkpoint) on both paths: {'yes' if same else 'NO'}")
-    if same_against is not None:
-        against = rows[len(ours)]["path"]
+    if against is not None:
         print(f"same metrics and reports at {against} as cached: {'yes' if same_against else 'NO'}")
 
 
@@ -329,7 +330,7 @@ def main() -> None:
     paths = tuple(path for path in PATHS if path == "cached" or path in args.paths)
     rows, same, same_against = measure(size, args.rounds, args.against, paths)
     after = load_average()
-    print_table(rows, size, same, same_against)
+    print_table(rows, size, same, args.against, same_against)
     print(f"load average before: {before}; after: {after}")
     if args.json is not None:
         payload = {"load_before": before, "load_after": after, "same_outputs": same, "rows": rows}

@@ -22,7 +22,7 @@ timeout 120 python benchmarks/bench_pretrain_epoch.py --device cuda --peak-tflop
 
 workdir=$(mktemp -d)
 trap 'rm -rf "$workdir"' EXIT
-start=$(date +%s)
 python -c 'from gptlab.training.runtime import resolve_device; print("train.device: auto ->", resolve_device("auto"))'
+start=$(date +%s)
 timeout 600 python -m gptlab.cli.main smoke --no-check --workdir "$workdir/smoke"
 echo "smoke profile on CUDA, every stage: $(( $(date +%s) - start )) s"

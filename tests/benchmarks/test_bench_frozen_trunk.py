@@ -43,7 +43,7 @@ def test_the_frozen_trunk_benchmark_times_both_paths_and_compares_their_outputs(
     cached, whole, head, ratio, head_ratio = report["rows"]
     paths = [row["path"] for row in report["rows"]]
     assert paths == ["cached", "whole", "HEAD", "cached/whole", "cached/HEAD"]
-    assert report["against"] == "HEAD" and isinstance(report["same_as_against"], bool)
+    assert report["against"] == "HEAD" and report["same_as_against"] is True  # the same code, the same bytes
     assert head["wall_seconds"] > 0 and head["peak_rss_gb"] > 0 and head["seconds_per_step"] is None
     assert head_ratio["wall_seconds"] == cached["wall_seconds"] / head["wall_seconds"]
     assert head_ratio["seconds_per_step"] is None
@@ -59,4 +59,5 @@ def test_the_frozen_trunk_benchmark_times_both_paths_and_compares_their_outputs(
     lines = done.stdout.splitlines()
     assert [line.split()[0] for line in lines[2:7]] == paths
     assert "same outputs (metrics, reports, checkpoint) on both paths: yes" in done.stdout
+    assert "same metrics and reports at HEAD as cached: yes" in done.stdout
     assert "load average before" in done.stdout

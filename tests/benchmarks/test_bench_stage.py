@@ -48,14 +48,12 @@ def test_the_stage_benchmark_reports_every_variant_against_the_book(
 
 
 def test_the_stage_benchmark_runs_the_chosen_variants_beside_the_book(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--variants picks rows (the run above covers running them); the book's loop is always the yardstick."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # as the script itself runs: its sibling modules
-    try:
-        import bench_stage
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(ROOT / "benchmarks")  # as the script itself runs: its sibling modules
+    import bench_stage
+
     parser = bench_stage.build_parser()
     assert bench_stage.chosen(parser.parse_args([]).variants) == ("book", "book-kept", "default", "fast")
     assert bench_stage.chosen(parser.parse_args(["--variants", "fast"]).variants) == ("book", "fast")
