@@ -17,14 +17,6 @@ import pytest
 from helpers import TINY_GPT, MlflowServer, cache_dir, inputs_dir
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: two workers per core. Most of the suite's time is start-up and waiting (dvc, stage
-    subprocesses, MLflow servers, a browser), each on one thread; a second worker fills a core's idle time.
-    """
-    return 2 * len(os.sched_getaffinity(0))
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`-n auto`), each worker gets its share of the cores, set before torch loads.
 

@@ -60,11 +60,14 @@ class FakeJudge:
                 status, text, delay = owner.replies.pop(0)
                 time.sleep(delay)
                 payload = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):  # a client that timed out has gone
+                    pass
 
             def log_message(self, *args: Any) -> None:  # keep pytest output clean
                 pass
