@@ -166,8 +166,11 @@ def screenshot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
-def test_the_runs_table_opens_in_model_training_with_names_and_key_columns(served, browser) -> None:
-    url, _, _ = served
+def test_the_runs_table_opens_in_model_training_then_the_compare_view_and_a_runs_figure(
+    served, browser
+) -> None:
+    """One user's walk through the UI: one test, so that one worker fills the store (a minute) once."""
+    url, store, experiment_id = served
     text = show(browser, url, "pretrain · lr-a", "pretrain · lr-b", "final/val_loss")
     screenshot(browser, "runs_table")
     # Model training's navigation (GenAI's would offer Overview, Evaluation, Prompts ...).
@@ -177,9 +180,7 @@ def test_the_runs_table_opens_in_model_training_with_names_and_key_columns(serve
         assert column in text, column
     assert "0.001" in text and "0.005" in text  # each run's lr in its own row
 
-
-def test_the_compare_view_names_each_run_and_a_run_shows_its_figure(served, browser) -> None:
-    url, store, experiment_id = served
+    # The compare view names each run; a run's artifacts show its figure.
     client = mlflow.MlflowClient(tracking_uri=store)
     runs = client.search_runs([experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'")
     assert sorted(run.info.run_name for run in runs) == ["pretrain · lr-a", "pretrain · lr-b"]
