@@ -72,6 +72,8 @@ def test_it_serves_the_projects_store_quietly_and_a_signal_stops_every_process(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as in a terminal: a shell's background job (this test's, maybe) starts with it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - no threads started
     )
     workers: list[psutil.Process] = []
     try:

@@ -297,6 +297,10 @@ class SignalledDvc(FakeDvc):
 def test_a_sweep_stopped_while_queuing_removes_what_it_queued(
     tiny_sweep: Sweep, signum: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    before = {
+        signal.SIGTERM: signal.getsignal(signal.SIGTERM),
+        signal.SIGINT: signal.getsignal(signal.SIGINT),
+    }
     fake = SignalledDvc(signum)
     with pytest.raises(Stopped) as stopped:
         queue(tiny_sweep, fake)
@@ -304,8 +308,7 @@ def test_a_sweep_stopped_while_queuing_removes_what_it_queued(
     assert fake.calls[-1] == ("queue", "remove", "s-a", "s-b")
     assert not [c for c in fake.calls if c[:2] == ("queue", "start")]
     assert stopped.value.signum == signum and stopped.value.note == "removed s-a, s-b from DVC's queue"
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are back as they were
-    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # the handlers are back as they were
     assert "queued s-b" in capsys.readouterr().out
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -235,14 +236,12 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(
-    project: Path, stop: signal.Signals
-) -> None:
-    """SIGTERM (what `dvc queue kill`, `timeout` and schedulers send) and Ctrl-C: the run ends KILLED
-    at once, not left RUNNING, the stage says so in one line and exits with the shell's 128 + signal."""
-    dvc(project, "repro", "tokenize")
+def stop_after_a_new_checkpoint(project: Path, stop: signal.Signals) -> int:
+    """Start the pretrain stage, send it `stop` once it saved a checkpoint of its own; the step it kept.
+
+    It must end at once with the shell's 128 + signal, saying so in one line, before it finished.
+    """
+    before = newest_step(project)
     stage = subprocess.Popen(
         [sys.executable, "stages/pretrain.py"],
         cwd=project,
@@ -254,8 +253,8 @@ def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - no threads started
     )
     deadline = time.monotonic() + 300
-    while newest_step(project) == 0:
-        assert stage.poll() is None, "the pretrain stage ended before its first checkpoint"
+    while newest_step(project) == before:
+        assert stage.poll() is None, "the pretrain stage ended before a checkpoint of its own"
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.02)
     stage.send_signal(stop)
@@ -264,19 +263,32 @@ def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(
     said = [line for line in err.splitlines() if "stopped by" in line]
     assert len(said) == 1 and f"stopped by {stop.name}" in said[0] and "Traceback" not in err, err[-3000:]
     assert not (project / "reports/pretrain/metrics.json").exists(), "the stage finished before the signal"
+    saved = newest_step(project)
+    assert saved > before  # the state is kept (a save in flight is finished, not cut)
+    return saved
 
+
+@pytest.mark.slow
+def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(project: Path) -> None:
+    """SIGTERM (what `dvc queue kill`, `timeout` and schedulers send), then Ctrl-C in the resumed run:
+    each run ends KILLED at once, not left RUNNING, and the last rerun resumes from what was kept."""
+    dvc(project, "repro", "tokenize")
     client = MlflowClient(tracking_uri())
-    experiment = client.get_experiment_by_name("gptlab")
 
-    def pretrain_runs() -> list:
-        return client.search_runs(
+    def pretrain_runs() -> dict[str, Any]:
+        experiment = client.get_experiment_by_name("gptlab")
+        runs = client.search_runs(
             [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
         )
+        return {run.info.run_id: run for run in runs}
 
-    (killed,) = pretrain_runs()  # no rerun has closed it for it
-    assert killed.info.status == "KILLED" and killed.info.end_time is not None
-    saved = newest_step(project)
-    assert saved >= 4  # the state is kept (a save in flight is finished, not cut)
+    stopped: dict[str, Any] = {}
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        saved = stop_after_a_new_checkpoint(project, stop)
+        (killed,) = (run for run_id, run in pretrain_runs().items() if run_id not in stopped)
+        assert killed.info.status == "KILLED" and killed.info.end_time is not None, stop.name
+        stopped[killed.info.run_id] = killed
+    assert saved >= 8  # two checkpoints of 4 steps, one per run
 
     resumed = subprocess.run(
         [sys.executable, "stages/pretrain.py"], cwd=project, env=env(), capture_output=True, text=True
@@ -285,8 +297,11 @@ def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(
     assert "resuming from" in resumed.stderr
     counted = json.loads((project / "reports/pretrain/counts.json").read_text())
     assert counted["steps"] == 2 * 12
-    runs = {run.info.run_id: run for run in pretrain_runs()}
-    assert runs.pop(killed.info.run_id).info.status == "KILLED"
+    runs = pretrain_runs()
+    assert [runs.pop(run_id).info.status for run_id in stopped] == [
+        "KILLED",
+        "KILLED",
+    ]  # no rerun closed them
     (rerun,) = runs.values()
     assert rerun.info.status == "FINISHED" and rerun.data.tags["gptlab.resumed_from_step"] == str(saved)
 
