@@ -9,9 +9,11 @@ read-only; without root, a folder and file the user may not write, which root wo
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,17 @@ def new_store() -> None:
     """MLFLOW_TRACKING_URI's store created, by another process: none of its files stays open in this one."""
     create = "from gptlab.tracking.runs import prepare_store; prepare_store(['gptlab'])"
     subprocess.run([sys.executable, "-c", create], check=True, capture_output=True)
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new SQLite store that MLFLOW_TRACKING_URI names, the working folder `tmp_path`."""
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.chdir(tmp_path)
+    new_store()
+    return db
 
 
 def report(tmp_path: Path) -> list[str]:
@@ -134,13 +147,8 @@ def test_a_damaged_store(
 
 @pytest.mark.slow  # SQLite waits 5 s for a lock before it gives up, for each of the three
 def test_a_store_locked_by_another_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    monkeypatch.chdir(tmp_path)
-    new_store()
     hold = "import sqlite3, sys, time\n"
     hold += f"sqlite3.connect({str(db)!r}, isolation_level=None).execute('BEGIN EXCLUSIVE')\n"
     hold += "print('locked', flush=True)\ntime.sleep(600)\n"
@@ -153,3 +161,32 @@ def test_a_store_locked_by_another_process(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_store_left_mid_transaction_by_a_killed_process_is_rolled_back_and_used(
+    tmp_path: Path, db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage killed with SIGKILL while it writes leaves a hot journal beside the store: the next
+    command rolls it back, as SQLite does for any writer, rather than calling the store read-only."""
+    write = "import sqlite3, sys, time\n"
+    write += f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+    write += "db.execute('PRAGMA cache_size=1')\ndb.execute('BEGIN')\n"  # a tiny cache: pages reach the file
+    write += 'db.execute("CREATE TABLE unfinished AS SELECT zeroblob(2000) AS b FROM experiments, (SELECT 1 '
+    write += 'UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5 UNION SELECT 6 UNION SELECT 7 UNION SELECT 8)")\n'
+    write += "db.execute('UPDATE experiments SET name = name || \\'-half\\'')\n"
+    write += "print('writing', flush=True)\ntime.sleep(600)\n"
+    writer = subprocess.Popen([sys.executable, "-c", write], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.kill()
+    writer.wait()
+    assert (db.parent / "mlflow.db-journal").stat().st_size > 0  # what the killed writer left
+
+    write_committed_params(tmp_path)
+    assert main(report(tmp_path)) == 0  # a stage's run: the store checked, then logged to
+    assert main(["ui", "--print-url"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (db.parent / "mlflow.db-journal").exists()
+    with closing(sqlite3.connect(db)) as store:
+        tables = {name for (name,) in store.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        names = [name for (name,) in store.execute("SELECT name FROM experiments")]
+    assert "unfinished" not in tables and not any(name.endswith("-half") for name in names)

@@ -179,8 +179,11 @@ def _check_sqlite(uri: str) -> None:
                 _database_failure(uri, f"unable to open database file: {folder} is not writable")
             )
         return
+    # Read-write where we may write: a process killed mid-transaction leaves a hot journal, which only
+    # a writing connection rolls back (a read-only one would call the store read-only).
+    mode = "rw" if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK) else "ro"
     try:
-        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode={mode}", uri=True)) as db:
             db.execute("PRAGMA schema_version").fetchone()
     except sqlite3.Error as exc:
         raise StoreError(_database_failure(uri, _first_line(exc))) from None
