@@ -103,11 +103,10 @@ def prepared_copies(workdir: Path, sizes: Sizes) -> dict[str, tuple[Path, Path]]
     The pretrained model is built once, in the first copy (its weights are no variant's);
     load-gpt2 runs in each, so each variant's base models compute with its own kernels.
     """
-    first = prepared_project(workdir / VARIANTS[0])
-    base_params = variant_params(first, VARIANTS[0], sizes)["base"]
-    if sizes.smoke:  # tokenize again: the smoke profile slices the data
-        run_script(first, "tokenize_data", base_params)
-    run_script(first, "pretrain", base_params)
+    first = prepared_project(
+        workdir / VARIANTS[0], lambda project: variant_params(project, VARIANTS[0], sizes)["base"]
+    )
+    run_script(first, "pretrain", first / "params-base.yaml")
     copies = {}
     for variant in VARIANTS:
         project = workdir / variant / "project"

@@ -89,14 +89,17 @@ class Size:
 
 def prepared(workdir: Path, size: Size) -> tuple[Path, dict[str, Path]]:
     """The project copy with its base model, and a params file per path."""
-    project = prepared_project(workdir)
-    base = base_params(project, "default", Sizes(size.smoke, 1, 32))["base"]
-    if size.max_rows:
-        values = yaml.safe_load(base.read_text())
-        values["tokenize"]["spam"]["max_rows"] = size.max_rows
-        base.write_text(yaml.safe_dump(values, sort_keys=False))
-    if size.smoke or size.max_rows:  # tokenize again: the data is sliced
-        run_script(project, "tokenize_data", base)
+
+    def sliced_base(project: Path) -> Path:  # the base models' params, the spam rows cut to --max-rows
+        base = base_params(project, "default", Sizes(size.smoke, 1, 32))["base"]
+        if size.max_rows:
+            values = yaml.safe_load(base.read_text())
+            values["tokenize"]["spam"]["max_rows"] = size.max_rows
+            base.write_text(yaml.safe_dump(values, sort_keys=False))
+        return base
+
+    project = prepared_project(workdir, sliced_base)
+    base = project / "params-base.yaml"
     run_script(project, "pretrain", base)
     run_script(project, "load_gpt2", base)
     params = profile_params(project, size)

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,18 @@ VARIANTS = ("book", "book-kept", "default", "fast")
 PHASES_PREFIX = "seconds by phase: "
 
 
-def prepared_project(workdir: Path) -> Path:
-    """A copy of the project (as `gptlab smoke` makes one) with the download and tokenize stages run."""
+def prepared_project(workdir: Path, params: Callable[[Path], Path] | None = None) -> Path:
+    """A copy of the project (as `gptlab smoke` makes one) with the download and tokenize stages run.
+
+    `params(project)`, if given, writes the params file those stages read (params.yaml otherwise),
+    so that data sliced by a profile is tokenized once, already sliced.
+    """
     project = workdir / "project"
     prepare_workspace(ROOT, project, source_commit_env(ROOT))
+    chosen = ["--params", str(params(project))] if params else []
     for stage in ("download", "tokenize_data"):
         subprocess.run(
-            [sys.executable, f"stages/{stage}.py"],
+            [sys.executable, f"stages/{stage}.py", *chosen],
             cwd=project,
             env=child_env(project),
             check=True,

@@ -107,14 +107,23 @@ def isolated_tools(
         sys.modules["mlflow"].set_tracking_uri(None)
 
 
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    """A real `mlflow server` in a subprocess, MLFLOW_TRACKING_URI pointing at it, a 3 s tracking timeout."""
-    running = MlflowServer(tmp_path / "server")
-    running.start()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.uri)
-    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "3")
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real `mlflow server` per test module: each start costs seconds. Tests that kill it
+    leave it to `server` to start again; runs stay apart by their names."""
+    running = MlflowServer(tmp_path_factory.mktemp("server"))
     try:
         yield running
     finally:
         running.kill()
+
+
+@pytest.fixture
+def server(module_server: MlflowServer, monkeypatch: pytest.MonkeyPatch) -> MlflowServer:
+    """A real `mlflow server` in a subprocess, running, MLFLOW_TRACKING_URI pointing at it, a 3 s
+    tracking timeout."""
+    if not module_server.running:
+        module_server.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", module_server.uri)
+    monkeypatch.setenv("GPTLAB_TRACKING_TIMEOUT", "3")
+    return module_server

@@ -435,7 +435,11 @@ class MlflowServer:
             self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
         wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
