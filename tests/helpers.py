@@ -434,6 +434,11 @@ class MlflowServer:
         with (self.store / "server.log").open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
         wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")
+        # /health answers before the store is opened: the first API call opens it, which can take
+        # longer than a test's tracking timeout on a loaded machine. Hand the test a warm server.
+        search = f"{self.uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        with urllib.request.urlopen(search, timeout=120) as reply:
+            assert reply.status == 200, f"{search} answered HTTP {reply.status}"
 
     @property
     def running(self) -> bool:
