@@ -168,7 +168,8 @@ def test_a_server_killed_for_good_ends_the_stage_within_the_tracking_timeout(
 ) -> None:
     """Killed after the last epoch: what follows is only tracking (the last logging, the wait for the
     server, the run's end, the system metrics thread), bounded by GPTLAB_TRACKING_TIMEOUT (3 s here)
-    plus a margin for the work itself. With MLflow's retries and backoff it took minutes."""
+    plus a margin for the work itself, wide enough for a loaded machine. With MLflow's retries and
+    backoff it took minutes."""
     monkeypatch.chdir(tmp_path)
     killed: list[float] = []
 
@@ -182,4 +183,4 @@ def test_a_server_killed_for_good_ends_the_stage_within_the_tracking_timeout(
         train(tmp_path, "toy-timeout", kill_after_the_last_epoch, system_metrics=True)
     waited = time.monotonic() - killed[0]
     assert "waited 3 s" in str(lost.value) and "\n" not in str(lost.value)
-    assert waited < 3 + 5, f"the stage failed {waited:.1f} s after the server died"
+    assert waited < 3 + 20, f"the stage failed {waited:.1f} s after the server died"
