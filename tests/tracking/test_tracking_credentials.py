@@ -6,13 +6,14 @@ reaches it through `user:password@`, and that no stage, `gptlab ui` or `classify
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main
-from gptlab.tracking.runs import masked_uri
+from gptlab.tracking.runs import TrackingLost, masked_uri, stage_run
 
 from helpers import (
     PROJECT_ROOT,
@@ -87,3 +88,25 @@ def test_credentials_in_the_uri_or_the_environment_reach_the_server_and_are_neve
     experiment = client.get_experiment_by_name(experiment_name)
     runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'report'")
     assert [run.info.status for run in runs] == ["FINISHED"] * 3
+
+
+@pytest.mark.slow
+def test_mlflows_own_warning_about_a_lost_server_shows_no_password(
+    server: MlflowServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow's system metrics monitor warns, quoting the URL it called, when the server stops
+    answering mid-run: the password in that URL is masked like every line gptlab prints."""
+    host = server.uri.removeprefix("http://")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{PASSWORD}@{host}")
+    # The monitor reads its run after each sample: every 0.2 s here.
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    with pytest.raises(TrackingLost), stage_run("report", "exp-monitor", {"toy": 1}, system_metrics=True):
+        (monitor,) = [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+        server.kill()
+        monitor.join(timeout=60)  # it warns once and stops when its run cannot be read
+        assert not monitor.is_alive()
+    err = capsys.readouterr().err
+    assert (
+        f"Failed to get mlflow run: API request to http://alice:***@{host}/api/2.0/mlflow/runs/get" in err
+    ), err
+    assert PASSWORD not in err

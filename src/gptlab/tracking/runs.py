@@ -83,14 +83,19 @@ def imported_mlflow() -> ModuleType:
     torchrun processes that log nothing need not wait for. MLflow's INFO lines (system metrics
     monitor started and stopped, input example validated) bury a stage's own output: warnings
     only, unless `gptlab -v` or GPTLAB_VERBOSE=1 asks for them. MLflow sets its logger's level
-    as it is imported, so the level is set after.
+    as it is imported, so the level is set after. Its lines pass PasswordsMasked on the way out.
     """
     import mlflow  # on first use: the docstring says why
 
+    mlflow_logger = logging.getLogger("mlflow")
     if not os.environ.get(VERBOSE_ENV):
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        mlflow_logger.setLevel(logging.WARNING)
         # A database error is logged there with its traceback, then raised: store_errors says it in one line.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    # A child logger's record skips its parents' filters, not their handlers'.
+    for handler in mlflow_logger.handlers:
+        if not any(isinstance(f, PasswordsMasked) for f in handler.filters):
+            handler.addFilter(PasswordsMasked())
     return mlflow
 
 
@@ -120,6 +125,17 @@ def masked_uri(uri: str) -> str:
     Also masks every URI within a longer text (an error message quoting the URI it called).
     """
     return _PASSWORD.sub(r"\g<user>:***@", uri)
+
+
+class PasswordsMasked(logging.Filter):
+    """Masks the password of every URI in a log line: MLflow's own warnings quote the URL they called
+    (the system metrics monitor's "Failed to get mlflow run: API request to http://user:pw@host/...")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = record.getMessage()
+        if masked_uri(said) != said:
+            record.msg, record.args = masked_uri(said), None
+        return True
 
 
 class TrackingLost(GptlabError):
