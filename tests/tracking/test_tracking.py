@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -289,6 +292,49 @@ def test_log_input_records_the_dvc_hash_and_split_sizes(tmp_path: Path) -> None:
         "mlflow.data.context": "training",
         "gptlab.path": str(data),
     }
+
+
+def test_a_dataset_logged_meanwhile_by_a_parallel_stage_is_linked_not_a_failure(tmp_path: Path) -> None:
+    """Two variants of a sweep (two DVC queue workers) log the same dataset at once. MLflow looks for
+    it, then inserts it: the second insert breaks the store's unique (experiment, name, digest).
+    Here the other stage's insert lands between this one's look-up and insert, as it did in a sweep."""
+    from mlflow.store.tracking.dbmodels.models import SqlDataset
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    data = tmp_path / "data.txt"
+    data.write_text("toy")
+    db = tracking_uri().removeprefix("sqlite:///")
+    raced: list[str] = []
+
+    def the_other_stage_inserts_it_first(session: Session, *_: object) -> None:
+        pending = [row for row in session.new if isinstance(row, SqlDataset)]
+        if pending and not raced:
+            row = pending[0]
+            raced.append(row.name)
+            with contextlib.closing(sqlite3.connect(db)) as other, other:
+                other.execute(
+                    "INSERT INTO datasets (dataset_uuid, experiment_id, name, digest, dataset_source_type,"
+                    " dataset_source) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        uuid.uuid4().hex,
+                        row.experiment_id,
+                        row.name,
+                        row.digest,
+                        row.dataset_source_type,
+                        row.dataset_source,
+                    ),
+                )
+
+    event.listen(Session, "before_flush", the_other_stage_inserts_it_first)
+    try:
+        with stage_run("spam-finetune", "exp-race", {}) as run:
+            run.log_input("spam", data, context="training")
+    finally:
+        event.remove(Session, "before_flush", the_other_stage_inserts_it_first)
+    assert raced == ["spam"]
+    (found,) = client().get_run(run.run_id).inputs.dataset_inputs
+    assert (found.dataset.name, found.dataset.digest) == ("spam", dvc_md5(data))
 
 
 def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Path) -> None:

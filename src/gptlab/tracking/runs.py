@@ -424,9 +424,21 @@ class StageRun:
     def log_input(
         self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
     ) -> None:
-        """Record a dataset the run read: its path, DVC content hash and split sizes (lineage.dataset_input)."""
+        """Record a dataset the run read: its path, DVC content hash and split sizes (lineage.dataset_input).
+
+        MLflow looks the dataset up, then inserts it: a parallel stage (a sweep's other variant) that
+        inserted it in between breaks the store's unique key. Then the look-up finds it: once more.
+        """
+        # mlflow on first use: see imported_mlflow
+        from mlflow.exceptions import MlflowException
+
         inputs = [lineage.dataset_input(name, path, context=context, profile=profile)]
-        self.client.log_inputs(self.run_id, datasets=inputs)
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except MlflowException as exc:
+            if server_lost(exc):
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
 
     @_live
     def record_checkpoint(self, checkpoint: Path | str) -> None:
