@@ -23,6 +23,7 @@ from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Dvc,
     Experiment,
+    QueueStatus,
     Stopped,
     Sweep,
     coincidences,
@@ -212,11 +213,12 @@ def test_variants_that_would_run_with_the_same_params_are_refused_naming_both(
 
 
 class FakeDvc:
-    """The dvc commands a sweep runs, answered from a script of `dvc exp show` states."""
+    """The dvc commands a sweep runs, answered from a script of the variants' states, one per poll."""
 
     def __init__(self, states: list[dict[str, str] | GptlabError], workers: tuple[int, int] = (1, 0)) -> None:
         self.states = states
-        self.calls: list[tuple[str, ...]] = []
+        self.calls: list[tuple[str, ...]] = []  # the commands that change the queue
+        self.queries: list[tuple[str, ...]] = []  # those that read it
         self._workers = workers
 
     def __call__(self, *args: str, check: bool = True) -> str:
@@ -225,17 +227,22 @@ class FakeDvc:
             self.states = [{}] + self.states[1:]
         return ""
 
-    def experiments(self) -> dict[str, Experiment]:
+    def _next(self) -> dict[str, str]:
         state = self.states[0] if len(self.states) == 1 else self.states.pop(0)
         if isinstance(state, GptlabError):
             raise state
+        return state
+
+    def experiments(self) -> dict[str, Experiment]:
+        self.queries.append(("exp", "show", "--json"))
         return {
             name: Experiment(name, value, f"rev-{name}", {"spam.trainable": "all"})
-            for name, value in state.items()
+            for name, value in self._next().items()
         }
 
-    def workers(self) -> tuple[int, int]:
-        return self._workers
+    def queue_status(self) -> QueueStatus:
+        self.queries.append(("queue", "status"))
+        return QueueStatus(self._next(), self._workers)
 
 
 @pytest.fixture
@@ -360,11 +367,13 @@ def test_the_queue_runs_the_jobs_asked_for_until_every_variant_is_done(
     assert {name: e.state for name, e in found.items()} == {"s-a": "success", "s-b": "failed"}
     assert [c for c in fake.calls if c[:2] == ("queue", "start")] == [("queue", "start", "--jobs", "3")]
     assert "s-b: failed (2/2 done)" in capsys.readouterr().out
+    # The wait polls the queue (no experiment's files read out of git); the experiments are read once.
+    assert fake.queries == [("queue", "status")] * 4 + [("exp", "show", "--json")]
 
 
-def test_a_passing_exp_show_failure_while_workers_start_is_polled_again(tiny_sweep: Sweep) -> None:
+def test_a_passing_queue_status_failure_while_workers_start_is_polled_again(tiny_sweep: Sweep) -> None:
     vanished = GptlabError(
-        "`dvc exp show --json ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
+        "`dvc queue status ...` failed (exit 1): directory '.dvc/tmp/exps/x/.dvc' does not exist"
     )
     fake = FakeDvc([{"s-a": "running", "s-b": "queued"}, vanished, {"s-a": "success", "s-b": "success"}])
     found = run_queue(tiny_sweep, fake, jobs=2, poll_seconds=0)

@@ -10,13 +10,13 @@ the metrics baseline guards (baselines/*.yaml): the headline figures, named in o
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gptlab.errors import GptlabError
+from gptlab.experiments.dvc_commands import ask_dvc
 from gptlab.experiments.metrics_check import load_baseline
 from gptlab.paths import REPORTS
 from gptlab.schema import flatten
@@ -85,16 +85,14 @@ class Comparison:
 
 
 def exp_show(workdir: Path, dvc: str) -> list[dict[str, Any]]:
-    """`dvc exp show --json` run in `workdir`; a failure is one line: what DVC said last."""
+    """`dvc exp show --json` run in `workdir`, asked again if it stalls; a failure is one line: what DVC said last."""
     if not workdir.is_dir():
         raise GptlabError(f"{workdir}: no such folder")
     try:
-        proc = subprocess.run(
-            [dvc, "exp", "show", "--json"], cwd=workdir, capture_output=True, text=True, check=False
-        )
+        proc = ask_dvc(dvc, ["exp", "show", "--json"], cwd=workdir)
     except FileNotFoundError as exc:
         raise GptlabError(f"{dvc} not found: install DVC (`pip install dvc`) or put it on PATH") from exc
-    if proc.returncode:
+    if proc.code:
         said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
         said = said.removeprefix("ERROR: ")
         if "not inside of a DVC repository" in said:
@@ -102,7 +100,7 @@ def exp_show(workdir: Path, dvc: str) -> list[dict[str, Any]]:
                 f"{workdir} is not in a DVC project (no .dvc folder there or above): run "
                 "`gptlab compare` in the project, or name it with --workdir"
             )
-        raise GptlabError(f"`dvc exp show` failed in {workdir} (exit {proc.returncode}): {said}")
+        raise GptlabError(f"`dvc exp show` failed in {workdir} (exit {proc.code}): {said}")
     try:
         shown = json.loads(proc.stdout or "[]")
     except json.JSONDecodeError as exc:

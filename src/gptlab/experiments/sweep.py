@@ -1,9 +1,9 @@
 """Sweeps: one stage's variants as queued DVC experiments, and the table that compares them.
 
 DVC does the work: `dvc exp run --queue --name <sweep>-<variant> -S ...` queues each variant, `dvc
-queue start --jobs N` runs them and `dvc exp show --json` says how each went. What DVC cannot know
-stays here: the sweep file's schema, that its variants really differ, and the table in the book's
-words. A variant that sets no value for a key the sweep varies gets the one it would have anyway
+queue start --jobs N` runs them, `dvc queue status` says how each goes and `dvc exp show --json`
+what each did. What DVC cannot know stays here: the sweep file's schema, that its variants really
+differ, and the table in the book's words. A variant that sets no value for a key the sweep varies gets the one it would have anyway
 (params.yaml <- profile <- base), unless that is the profile's and one the sweep compares: then
 params.yaml's (or base's), so `last_block` trains the last block on the smoke profile too.
 """
@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,6 +27,14 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from gptlab.errors import GptlabError, InputError
+from gptlab.experiments.dvc_commands import (
+    DVC_CALL_TIMEOUT_S,
+    STALL_AFTER_S,
+    Finished,
+    ask_dvc,
+    describe,
+    run_dvc,
+)
 from gptlab.experiments.profiles import load_overrides, merge_overrides, named_yaml, set_arguments
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
@@ -37,10 +44,10 @@ from gptlab.tasks.config import Trainable
 
 T = TypeVar("T")
 SWEEPS_DIR, SWEEP_REPORTS, SWEEP_LOCK = Path("sweeps"), REPORTS / "sweeps", Path(".gptlab") / "sweep.lock"
-DVC_CALL_TIMEOUT_S = 300.0  # one dvc command: `dvc exp show` waiting on a lock would wait forever
 QUEUE_TIMEOUT_S = 24 * 3600.0  # the default `gptlab sweep --timeout`
-SHOW_ATTEMPTS = 5  # consecutive failed `dvc exp show` polls before the wait gives up
+POLL_ATTEMPTS = 5  # consecutive failed `dvc queue status` polls before the wait gives up
 DONE = ("success", "failed")  # the states a variant's experiment ends in
+QUEUE_STATES = ("queued", "running", *DONE)
 _NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
 _OWN_KEYS = ("tracking.sweep", "tracking.sweep_variant")  # the sweep's and the variant's names
 
@@ -167,6 +174,14 @@ class Experiment:
 
 
 @dataclass(frozen=True)
+class QueueStatus:
+    """DVC's queue as `dvc queue status` has it: each task's state by experiment name, and its workers."""
+
+    states: dict[str, str]  # queued, running, success or failed
+    workers: tuple[int, int] | None  # (active, idle); None when it does not say
+
+
+@dataclass(frozen=True)
 class Dvc:
     """The dvc commands of a sweep, in the project and the experiments' environment, each bounded."""
 
@@ -174,36 +189,29 @@ class Dvc:
     env: Mapping[str, str]
     dvc: str = "dvc"
     timeout: float = DVC_CALL_TIMEOUT_S
+    stall_after: float = STALL_AFTER_S  # the read-only ones (see dvc_commands)
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        command = f"`dvc {' '.join(args[:3])} ...`"
-        # Output goes to files: `dvc queue start`'s workers inherit them, and a pipe would wait for those.
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            try:
-                # Its own session: Ctrl-C in the terminal reaches gptlab alone, which decides when dvc stops.
-                options = {
-                    "cwd": self.project,
-                    "env": self.env,
-                    "timeout": self.timeout,
-                    "start_new_session": True,
-                }
-                code = subprocess.run([self.dvc, *args], stdout=out, stderr=err, **options).returncode
-            except subprocess.TimeoutExpired:
-                raise GptlabError(
-                    f"{command} did not finish within {self.timeout:g} s and was stopped: is another dvc command holding the project? (`dvc queue status`)"
-                ) from None
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(), err.read()
-        if check and code:
-            said = " / ".join((stderr.strip() or stdout.strip()).splitlines()[-3:])
-            raise GptlabError(f"{command} failed (exit {code}): {said}")
-        return stdout
+        done = run_dvc(self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout)
+        return self._checked(args, done) if check else done.stdout
+
+    def _ask(self, *args: str) -> str:
+        asked = ask_dvc(
+            self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout, stall_after=self.stall_after
+        )
+        return self._checked(args, asked)
+
+    @staticmethod
+    def _checked(args: Sequence[str], done: Finished) -> str:
+        if done.code:
+            said = " / ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-3:])
+            raise GptlabError(f"{describe(args)} failed (exit {done.code}): {said}")
+        return done.stdout
 
     def experiments(self) -> dict[str, Experiment]:
         """The experiments of HEAD, queued, running and done, by name."""
         found = {}
-        for row in json.loads(self("exp", "show", "--json") or "[]"):
+        for row in json.loads(self._ask("exp", "show", "--json") or "[]"):
             for exp in row.get("experiments") or []:
                 rev, state = (exp.get("revs") or [{}])[0], (exp.get("executor") or {}).get("state") or ""
                 data, name = rev.get("data") or {}, exp.get("name") or rev.get("name") or ""
@@ -212,10 +220,19 @@ class Dvc:
                 found[name] = Experiment(name, state, rev.get("rev"), flatten(params), metrics)
         return found
 
-    def workers(self) -> tuple[int, int] | None:
-        """(active, idle) queue workers, from `dvc queue status`; None when it does not say."""
-        said = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", self("queue", "status", check=False))
-        return (int(said.group(1)), int(said.group(2))) if said else None
+    def queue_status(self) -> QueueStatus:
+        """The queue's tasks and workers: what the wait polls, as it reads no experiment's files.
+
+        Its table lists running tasks first, then queued, failed, succeeded: a name's first row is
+        its latest task.
+        """
+        said = self._ask("queue", "status")
+        states: dict[str, str] = {}
+        for line in said.splitlines()[1:]:  # below the heading: Task, Name, Created, Status
+            if len(cells := line.split()) >= 4 and (state := cells[-1].lower()) in QUEUE_STATES:
+                states.setdefault(cells[1], state)
+        workers = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", said)
+        return QueueStatus(states, (int(workers.group(1)), int(workers.group(2))) if workers else None)
 
 
 def sweep_lock(project: Path, name: str) -> contextlib.AbstractContextManager[None]:
@@ -320,31 +337,32 @@ def run_queue(
 ) -> dict[str, Experiment]:
     """`dvc queue start --jobs N`, then wait until every variant succeeded or failed, saying each change.
 
-    Fails after `timeout` seconds (the experiments go on) or when the queue has no worker left for them.
+    It polls `dvc queue status` and reads the experiments (`dvc exp show`) once, at the end. Fails
+    after `timeout` seconds (the experiments go on) or when the queue has no worker left for them.
     """
     names = [sweep.experiment(v) for v in sweep.variants]
     dvc("queue", "start", "--jobs", str(jobs))
     started, seen, idle_polls, failed_polls = time.monotonic(), dict.fromkeys(names, ""), 0, 0
     while True:
         try:
-            found, failed_polls = dvc.experiments(), 0
+            status, failed_polls = dvc.queue_status(), 0
         except GptlabError:  # a folder can vanish under it as a worker sets up or removes its workspace
-            if (failed_polls := failed_polls + 1) >= SHOW_ATTEMPTS:
+            if (failed_polls := failed_polls + 1) >= POLL_ATTEMPTS:
                 raise
             time.sleep(poll_seconds)
             continue
         for name in names:
-            if seen[name] != (state := found[name].state if name in found else "queued"):
+            if seen[name] != (state := status.states.get(name, "queued")):
                 seen[name] = state
                 done = sum(s in DONE for s in seen.values())
-                print(f"  {name}: {state or 'unknown'} ({done}/{len(names)} done)", flush=True)
+                print(f"  {name}: {state} ({done}/{len(names)} done)", flush=True)
         if all(state in DONE for state in seen.values()):
-            return found
+            return dvc.experiments()
         if time.monotonic() - started > timeout:
             raise GptlabError(
                 f"the sweep did not finish within {timeout:g} s (--timeout); its experiments go on in DVC's queue (`dvc queue status`); rerun `gptlab sweep` with --collect to write the table once done"
             )
-        idle = "running" not in seen.values() and dvc.workers() == (0, 0)
+        idle = "running" not in seen.values() and status.workers == (0, 0)
         if (idle_polls := idle_polls + 1 if idle else 0) >= 3:  # started workers get a moment to show up
             raise GptlabError(
                 f"DVC's queue has no worker while variants are still queued: start one with `dvc queue start --jobs {jobs}`, then rerun `gptlab sweep` with --collect"

@@ -1,0 +1,127 @@
+"""dvc commands run as subprocesses, each bounded; read-only ones asked again when they stall.
+
+`dvc exp show` reads each experiment's files out of git through pygit2, whose blob reader can wait
+for good: it clears its "chunk ready" event after finding the queue empty, so a writer thread that
+finishes in between is never heard (pygit2 1.21, `_BlobIO.readinto`). On a busy 2-core machine, one
+`dvc exp show` poll of a running sweep stalled so in each of two test runs. A stalled dvc uses no
+CPU where a slow one does, so a query that used none for `stall_after` seconds is stopped and asked
+again: a read changes nothing. `dvc queue status` reads no file out of git.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptlab.errors import GptlabError
+
+DVC_CALL_TIMEOUT_S = 300.0  # one dvc command: one waiting on a lock would wait forever
+STALL_AFTER_S = 30.0  # a read-only dvc command that used no CPU this long has stalled
+QUERY_ATTEMPTS = 3  # stalled reads asked again, in all
+_PROGRESS_CPU_S = 0.05  # CPU seconds that count as work done, above a clock tick or two
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A dvc command's exit code and output."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+class Stalled(GptlabError):
+    """A read-only dvc command used no CPU for the stall bound and was stopped."""
+
+
+def describe(args: Sequence[str]) -> str:
+    """`dvc exp show --json ...`: how messages name a command."""
+    return f"`dvc {' '.join(args[:3])} ...`"
+
+
+def run_dvc(
+    dvc: str,
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DVC_CALL_TIMEOUT_S,
+    stall_after: float | None = None,
+) -> Finished:
+    """Run `dvc ARGS` in its own session, stopped after `timeout` s, or `stall_after` s without CPU.
+
+    Output goes to files: `dvc queue start`'s workers inherit them, and a pipe would wait for those.
+    Its own session: Ctrl-C in the terminal reaches gptlab alone, which decides when dvc stops.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        command = [dvc, *args]
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code = _wait(proc, args, timeout, stall_after)
+        finally:
+            if proc.poll() is None:  # stopped, or this process interrupted: no dvc left behind
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return Finished(code, out.read(), err.read())
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], args: Sequence[str], timeout: float, stall_after: float | None
+) -> int:
+    started = progressed = time.monotonic()
+    cpu = 0.0
+    while True:
+        try:
+            return proc.wait(timeout=min(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+        if now - started > timeout:
+            raise GptlabError(
+                f"{describe(args)} did not finish within {timeout:g} s and was stopped: is another dvc command holding the project? (`dvc queue status`)"
+            )
+        if stall_after is None:
+            continue
+        used = _cpu_seconds(proc.pid)
+        if used is None or used - cpu >= _PROGRESS_CPU_S:  # None: it has just ended
+            cpu, progressed = used or cpu, now
+        elif now - progressed > stall_after:
+            raise Stalled(f"{describe(args)} used no CPU for {stall_after:g} s and was stopped")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    import psutil  # here: the CLI's parser imports this module, and `gptlab --version` needs no psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def ask_dvc(
+    dvc: str,
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DVC_CALL_TIMEOUT_S,
+    stall_after: float = STALL_AFTER_S,
+    attempts: int = QUERY_ATTEMPTS,
+) -> Finished:
+    """A read-only dvc command (`exp show`, `queue status`), asked again when it stalls."""
+    ask = functools.partial(run_dvc, dvc, args, cwd=cwd, env=env, timeout=timeout, stall_after=stall_after)
+    for _ in range(attempts - 1):
+        with contextlib.suppress(Stalled):
+            return ask()
+    try:
+        return ask()
+    except Stalled as stalled:
+        raise GptlabError(f"{stalled}, {attempts} times in a row") from None
