@@ -3,9 +3,10 @@
 DVC does the work: `dvc exp run --queue --name <sweep>-<variant> -S ...` queues each variant, `dvc
 queue start --jobs N` runs them, `dvc queue status` says how each goes and `dvc exp show --json`
 what each did. What DVC cannot know stays here: the sweep file's schema, that its variants really
-differ, and the table in the book's words. A variant that sets no value for a key the sweep varies gets the one it would have anyway
-(params.yaml <- profile <- base), unless that is the profile's and one the sweep compares: then
-params.yaml's (or base's), so `last_block` trains the last block on the smoke profile too.
+differ, and the table in the book's words. A variant that sets no value for a key the sweep varies
+gets the one it would have anyway (params.yaml <- profile <- base), unless that is the profile's and
+one the sweep compares: then params.yaml's (or base's), so `last_block` trains the last block on the
+smoke profile too.
 """
 
 from __future__ import annotations
