@@ -32,6 +32,7 @@ import yaml
 from gptlab.data.config import Sources
 from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
 from gptlab.data.inputs import data_inputs, fetch_input
+from gptlab.experiments.dvc_commands import ask_dvc
 from gptlab.model.config import ModelConfig
 from gptlab.pipeline.params import Params, load_params
 from gptlab.training.config import CheckpointConfig, TrainConfig
@@ -256,6 +257,20 @@ def dvc(
     )
     assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return proc
+
+
+def dvc_exp_show(project: Path, *flags: str, env: Mapping[str, str] | None = None) -> str:
+    """`dvc exp show FLAGS`'s output, asked again if it stalls as gptlab asks it (pygit2's blob reader
+    can wait for good: gptlab/experiments/dvc_commands.py); fails the test unless it succeeds."""
+    exe = Path(sys.executable).with_name("dvc")
+    done = ask_dvc(
+        str(exe) if exe.is_file() else "dvc",
+        ["exp", "show", *flags],
+        cwd=project,
+        env=dict(os.environ if env is None else env),
+    )
+    assert done.code == 0, f"dvc exp show failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return done.stdout
 
 
 # Pipeline outputs: a fresh clone has none of these.

@@ -12,7 +12,7 @@ from gptlab.cli.main import main
 from gptlab.experiments.compare import compare, exp_show, headline_metrics, text_table
 from gptlab.experiments.profiles import dvc_executable
 
-from helpers import dvc, git
+from helpers import dvc, dvc_exp_show, git
 
 pytestmark = pytest.mark.slow  # the real dvc binary
 
@@ -90,7 +90,7 @@ def test_rows_are_the_commit_and_its_experiments_with_the_changed_param_and_the_
     (other,) = set(rows) - {branch, "two"}
     assert rows[other][4:] == ["4", "0.25", "0.8"]
     # DVC's own table for the same project: the deps' hashes, the unchanged seed, the non-headline steps.
-    shown = dvc(project, "exp", "show", "--csv").stdout.splitlines()[0].split(",")
+    shown = dvc_exp_show(project, "--csv").splitlines()[0].split(",")
     assert {"train.py", "helper.py", "seed", "steps"} <= set(shown)
     assert not {"train.py", "helper.py", "seed", "steps"} & set(header.split())
 

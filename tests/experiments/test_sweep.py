@@ -40,7 +40,7 @@ from gptlab.model.lora import add_lora
 from gptlab.schema import ConfigError, flatten
 from gptlab.tasks.classifier import count_trainable, make_classifier
 
-from helpers import PROJECT_ROOT, copy_project, dvc, git, write_committed_params
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, write_committed_params
 
 PARAMS = PROJECT_ROOT / "params.yaml"
 
@@ -659,7 +659,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     assert all(f"| `{variant}` |" in markdown for variant in VARIANTS)
 
     # DVC lists every variant as an experiment, with the sweep's params.
-    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    shown = json.loads(dvc_exp_show(project, "--json", env=env))
     experiments = {e["name"]: e for row in shown for e in (row.get("experiments") or [])}
     assert {f"check-{v}" for v in VARIANTS} <= set(experiments)
     params = experiments["check-lora"]["revs"][0]["data"]["params"]["params.yaml"]["data"]
@@ -756,7 +756,7 @@ def test_a_real_sweep_stopped_by_sigterm_while_queuing_leaves_nothing_queued(tmp
     )
     assert stopped.endswith("from DVC's queue") and "queued stop-v4" not in out
     # Nothing of the sweep is left in DVC's queue, and the workspace is as committed.
-    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    shown = json.loads(dvc_exp_show(project, "--json", env=env))
     assert not [
         e
         for row in shown

@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, copy_project, dvc, git
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git
 
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
@@ -119,7 +119,7 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
-    shown = json.loads(dvc(project, "exp", "show", "--json", env=env).stdout)
+    shown = json.loads(dvc_exp_show(project, "--json", env=env))
     names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
     assert "tiny-check" in names
     # The experiment ran in a temporary copy: the workspace's params and outputs are untouched.
