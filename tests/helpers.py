@@ -33,6 +33,7 @@ from gptlab.data.config import Sources
 from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
 from gptlab.data.inputs import data_inputs, fetch_input
 from gptlab.experiments.dvc_commands import ask_dvc
+from gptlab.experiments.profiles import dvc_executable
 from gptlab.model.config import ModelConfig
 from gptlab.pipeline.params import Params, load_params
 from gptlab.training.config import CheckpointConfig, TrainConfig
@@ -246,9 +247,8 @@ def dvc(
     project: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """`dvc ARGS` in `project` (this interpreter's dvc); fails the test, with dvc's output, unless it succeeds."""
-    exe = Path(sys.executable).with_name("dvc")
     proc = subprocess.run(
-        [str(exe) if exe.is_file() else "dvc", *args],
+        [dvc_executable(), *args],
         cwd=project,
         env=dict(os.environ if env is None else env),
         capture_output=True,
@@ -262,13 +262,8 @@ def dvc(
 def dvc_exp_show(project: Path, *flags: str, env: Mapping[str, str] | None = None) -> str:
     """`dvc exp show FLAGS`'s output, asked again if it stalls as gptlab asks it (pygit2's blob reader
     can wait for good: gptlab/experiments/dvc_commands.py); fails the test unless it succeeds."""
-    exe = Path(sys.executable).with_name("dvc")
-    done = ask_dvc(
-        str(exe) if exe.is_file() else "dvc",
-        ["exp", "show", *flags],
-        cwd=project,
-        env=dict(os.environ if env is None else env),
-    )
+    environment = dict(os.environ if env is None else env)
+    done = ask_dvc(dvc_executable(), ["exp", "show", *flags], cwd=project, env=environment)
     assert done.code == 0, f"dvc exp show failed:\n{done.stdout}\n{done.stderr[-4000:]}"
     return done.stdout
 
