@@ -95,10 +95,9 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
 ) -> None:
     project = tmp_path / "project"
     copy_project(project)
-    (project / "profiles" / "tiny.yaml").write_text(
-        (PROJECT_ROOT / "profiles" / "smoke.yaml").read_text() + "\n# one epoch is enough here\n",
-        encoding="utf-8",
-    )
+    tiny = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
+    tiny["pretrain"]["train"].update(epochs=1, max_steps=2)  # two steps are enough here
+    (project / "profiles" / "tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False), encoding="utf-8")
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")

@@ -464,7 +464,6 @@ def test_the_book_packages_chapter_5_unit_test(shared_data: Path, tmp_path: Path
     train = Subset(GPTDatasetV1(encode(train_text, tokenizer), 256, 256), range(1))
     val = Subset(GPTDatasetV1(encode(val_text, tokenizer), 256, 256), range(1))
     cfg = dataclasses.replace(BOOK, batch_size=1, epochs=2, lr=5e-4, eval_freq=1, eval_iter=1)
-    torch.set_num_threads(2)
     torch.manual_seed(123)
     model = build_gpt(
         ModelConfig(context_length=256, drop_rate=0.1, qkv_bias=False, attention="masked_softmax")
