@@ -29,6 +29,7 @@ import platformdirs
 import pytest
 import yaml
 
+from gptlab.cli.ui_server import NO_JOB_RUNNER
 from gptlab.data.config import Sources
 from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
 from gptlab.data.inputs import data_inputs, fetch_input
@@ -441,9 +442,7 @@ class MlflowServer:
         command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port)]
         command += ["--backend-store-uri", f"sqlite:///{self.store}/mlflow.db", "--workers", "1"]
         command += ["--artifacts-destination", str(self.store / "artifacts")]
-        # No job runner (MLflow's GenAI jobs): ~8 Huey consumers, ~15 s of CPU a start, and no
-        # tracking call uses them.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env = {**os.environ, **NO_JOB_RUNNER}  # as `gptlab ui` starts its server: no tracking call uses one
         with (self.store / "server.log").open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
         wait_for(f"{self.uri}/health", self.process, log=self.store / "server.log")

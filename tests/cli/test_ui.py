@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +17,8 @@ import psutil
 import pytest
 
 from gptlab.cli.main import main
+from gptlab.cli.ui_server import serve
+from gptlab.environment import VERBOSE_ENV
 from gptlab.tracking.runs import stage_run
 
 
@@ -49,6 +52,19 @@ def test_a_busy_port_is_one_line_naming_port_and_starts_nothing(
     out, err = capsys.readouterr()
     assert out == ""  # no URL of a server that never started
     assert err.count("\n") == 1 and f"port {port}" in err and "--port" in err, err
+
+
+@pytest.mark.parametrize(("verbose", "chosen"), [("", None), ("1", None), ("", "true")])
+def test_the_server_starts_no_job_runner_unless_the_user_asks_verbose_or_not(
+    verbose: str, chosen: str | None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    env = {**os.environ, VERBOSE_ENV: verbose}
+    env.pop("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", None)
+    if chosen is not None:
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = chosen
+    reads = "import os; print(os.environ['MLFLOW_SERVER_ENABLE_JOB_EXECUTION'])"
+    assert serve([sys.executable, "-c", reads], env) == 0
+    assert capfd.readouterr().out.strip() == (chosen or "false")
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -93,6 +109,7 @@ def test_it_serves_the_projects_store_quietly_and_a_signal_stops_every_process(
         assert tags["mlflow.experimentKind"] == "custom_model_development"
         workers = descendants(server.pid)
         assert workers, "the server runs in child processes"
+        assert not [w for w in workers if "huey" in " ".join(w.cmdline())], "no job runner beside the UI"
         server.send_signal(stop)  # to gptlab alone, as `kill PID` or Ctrl-C in its terminal would
         assert server.wait(timeout=60) == 0
         _, err = server.communicate(timeout=10)
