@@ -228,8 +228,20 @@ def test_precision_auto_resolves_by_hardware() -> None:
     cpu = torch.device("cpu")
     assert resolve_precision(cpu, "fp32") == "fp32" and resolve_precision(cpu, "bf16") == "bf16"
     has_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    assert bf16_is_fast(cpu) == has_bf16
-    assert resolve_precision(cpu, "auto") == ("bf16" if has_bf16 else "fp32")
+    fast = has_bf16 and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert bf16_is_fast(cpu) == fast
+    assert resolve_precision(cpu, "auto") == ("bf16" if fast else "fp32")
+
+
+def test_precision_auto_is_fp32_where_torch_is_held_to_avx2() -> None:
+    """On an AVX-512 BF16 or AMX CPU too: held to AVX2 kernels, torch emulates bf16, 6x slower."""
+    code = (
+        "import torch; from gptlab.training.runtime import resolve_precision; "
+        "print(torch.backends.cpu.get_cpu_capability(), resolve_precision(torch.device('cpu'), 'auto'))"
+    )
+    held = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], env=held, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["AVX2", "fp32"]
 
 
 @pytest.mark.slow  # torch.compile, or a training run: seconds each

@@ -37,14 +37,18 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
 
 
 def bf16_is_fast(device: torch.device) -> bool:
-    """Whether bf16 matmuls beat fp32 here: a CUDA GPU with bf16, or a CPU with AMX or AVX-512 BF16.
+    """Whether bf16 matmuls beat fp32 here: a CUDA GPU with bf16, or a CPU with AMX or AVX-512 BF16
+    whose AVX-512 kernels torch runs.
 
     Elsewhere (an AVX2-only CPU, for one) bf16 is emulated: its matmuls run about 6x slower than fp32.
+    So it is where torch is held to AVX2 on such a CPU (ATEN_CPU_CAPABILITY=avx2, to get an AVX2
+    machine's numbers, say): the instructions are there, but not the kernels that use them.
     """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        has_bf16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        return has_bf16 and torch.backends.cpu.get_cpu_capability() == "AVX512"
     return False
 
 
