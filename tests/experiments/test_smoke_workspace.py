@@ -122,6 +122,65 @@ def test_a_dvc_experiment_made_in_the_workspace_is_kept_unless_fresh(tmp_path: P
     assert "refs/exps" not in refs
 
 
+def _stopped_run(workdir: Path) -> None:
+    """What a smoke run stopped at its third stage leaves: outputs, DVC's params and refs, no finished record."""
+    (workdir / "reports" / "pretrain").mkdir(parents=True, exist_ok=True)
+    (workdir / "reports" / "pretrain" / "metrics.json").write_text("{}\n", encoding="utf-8")
+    (workdir / "models" / "pretrain").mkdir(parents=True)
+    (workdir / "models" / "pretrain" / "model.safetensors").write_bytes(b"weights")
+    (workdir / "dvc.lock").write_text("schema: '2.0'\n", encoding="utf-8")
+    with (workdir / "params.yaml").open("a", encoding="utf-8") as params:
+        params.write("# dvc exp run -S wrote here\n")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True).stdout
+    subprocess.run(["git", "update-ref", "refs/exps/exec/EXEC_HEAD", head.strip()], cwd=workdir, check=True)
+
+
+def test_a_stopped_runs_workspace_keeps_what_a_user_added_unless_fresh(tmp_path: Path) -> None:
+    workdir = tmp_path / "ws"
+    prepare_workspace(PROJECT_ROOT, workdir, {})  # its marker says: not finished
+    _stopped_run(workdir)
+    (workdir / "USER.txt").write_text("mine\n", encoding="utf-8")
+
+    with pytest.raises(GptlabError, match=r"holds work made after the last smoke run \(USER.txt\)"):
+        prepare_workspace(PROJECT_ROOT, workdir, {})
+    assert (workdir / "USER.txt").read_text(encoding="utf-8") == "mine\n"
+
+    (workdir / "USER.txt").unlink()
+    prepare_workspace(PROJECT_ROOT, workdir, {})  # only the stopped run's own outputs: replaced
+    assert not (workdir / "models").exists() and not (workdir / "dvc.lock").exists()
+
+    _stopped_run(workdir)
+    subprocess.run(["git", "branch", "my-try"], cwd=workdir, check=True)  # a user's branch
+    with pytest.raises(GptlabError, match=r"refs/heads/my-try"):
+        prepare_workspace(PROJECT_ROOT, workdir, {})
+    prepare_workspace(PROJECT_ROOT, workdir, {}, fresh=True)
+    assert (
+        "my-try" not in subprocess.run(["git", "branch"], cwd=workdir, capture_output=True, text=True).stdout
+    )
+
+
+@pytest.mark.parametrize(
+    "marker", ["{not json", "[]", '{"finished": "yes"}', ""], ids=["json", "list", "type", "empty"]
+)
+def test_a_damaged_workspace_record_is_one_line_and_deletes_nothing(
+    clone: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    marker: str,
+) -> None:
+    workdir = tmp_path / "ws"
+    prepare_workspace(clone, workdir, {})
+    (workdir / WORKSPACE_MARKER).write_text(marker, encoding="utf-8")
+    (workdir / "USER.txt").write_text("mine\n", encoding="utf-8")
+    before = tree(workdir)
+
+    assert smoke(clone, monkeypatch, "--workdir", str(workdir)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is damaged" in err and str(WORKSPACE_MARKER) in err and "--fresh" in err
+    assert tree(workdir) == before
+
+
 def test_smoke_runs_log_to_their_own_experiment_tagged_with_the_projects_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

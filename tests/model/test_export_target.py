@@ -79,17 +79,53 @@ def test_export_refuses_and_writes_nothing(
     load_model(checkpoint)  # still a valid gptlab checkpoint
 
 
-def test_export_into_non_empty_folder_with_force_replaces_it(
+def _git_clone(tmp_path: Path, source: Path) -> Path:
+    """A project as a user clones it, with a note of their own not yet committed."""
+    clone = tmp_path / "p5"
+    (clone / ".git" / "objects").mkdir(parents=True)
+    (clone / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (clone / "src").mkdir()
+    (clone / "src" / "model.py").write_text("print('mine')\n")
+    (clone / "MYNOTES.txt").write_text("notes\n")
+    return clone
+
+
+def _export_plus_a_note(tmp_path: Path, source: Path) -> Path:
+    out = tmp_path / "hf"
+    assert main(["export", str(source), str(out)]) == 0
+    (out / "NOTES.txt").write_text("mine\n")
+    return out
+
+
+@pytest.mark.parametrize(
+    "target", [_non_empty, _git_clone, _export_plus_a_note], ids=["notes", "git", "export+note"]
+)
+def test_force_never_replaces_a_folder_export_did_not_make(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], target: Callable[[Path, Path], Path]
+) -> None:
+    out = target(tmp_path, checkpoint)
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+
+    assert main(["export", str(checkpoint), str(out), "--force"]) == 2
+
+    line = one_line_error(capsys, "export")
+    assert str(out) in line and "not an earlier export" in line
+    assert snapshot(tmp_path) == before  # the clone, its .git and the user's note are all still there
+
+
+def test_force_replaces_an_earlier_export(
     tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = _non_empty(tmp_path, checkpoint)
+    out = tmp_path / "hf"
+    assert main(["export", str(checkpoint), str(out)]) == 0
     assert main(["export", str(checkpoint), str(out)]) == 2
     assert "--force" in one_line_error(capsys, "export")
 
-    assert main(["export", str(checkpoint), str(out), "--force"]) == 0
+    assert main(["export", str(checkpoint), str(out), "--force", "--tie-head"]) == 0
     assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     assert load_hf_folder(out).cfg.emb_dim == TINY_GPT.emb_dim
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "notes"]  # no temp or backup folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "models"]  # no temp or backup folder
 
 
 def test_export_into_empty_or_new_folder_is_fine(tmp_path: Path, checkpoint: Path) -> None:
@@ -102,7 +138,8 @@ def test_export_into_empty_or_new_folder_is_fine(tmp_path: Path, checkpoint: Pat
 def test_export_failure_midway_leaves_the_old_folder(
     tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = _non_empty(tmp_path, checkpoint)
+    out = tmp_path / "hf"
+    assert main(["export", str(checkpoint), str(out)]) == 0
     before = snapshot(tmp_path)
 
     def broken_save(*args: Any, **kwargs: Any) -> None:

@@ -8,9 +8,10 @@ written as `lm_head.weight` with `tie_word_embeddings: false`. --tie-head forces
 tied export: the embedding becomes the head and the checkpoint's own is dropped.
 Classifier checkpoints (spam) have no language-model head and are refused.
 
-OUT_DIR must be new or empty; --force replaces a non-empty one, once the new export
-is complete. The checkpoint itself, a folder holding it and any other gptlab
-checkpoint are refused even with --force.
+OUT_DIR must be new or empty; --force replaces an earlier export (a folder holding
+just config.json and model.safetensors), once the new export is complete. Any other
+non-empty folder (a clone, notes), the checkpoint itself, a folder holding it and
+any other gptlab checkpoint are refused even with --force.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="replace OUT_DIR if it is not empty (never a gptlab checkpoint); the old folder is "
-        "deleted only once the new export is complete",
+        help="replace OUT_DIR if it holds an earlier export (only config.json and model.safetensors; "
+        "never any other folder); the old export is deleted only once the new one is complete",
     )
 
 

@@ -99,21 +99,67 @@ def workspace_state(workdir: Path) -> dict[str, object]:
 
 
 def mark_workspace(workdir: Path, finished: bool) -> None:
-    """Write the marker: the whole state once the run has finished, only a claim while it runs."""
-    state = {"finished": finished, **(workspace_state(workdir) if finished else {})}
+    """Write the marker: the whole state once the run has finished; while it runs, its git refs.
+
+    A stopped run's files are told from a user's by git (`stopped_run_extras`), its refs by
+    this record: a ref made later is someone's, unless it is a DVC experiment's.
+    """
+    state = workspace_state(workdir)
+    marker = {"finished": True, **state} if finished else {"finished": False, "refs": state["refs"]}
     with atomic_path(workdir / WORKSPACE_MARKER) as tmp:
-        tmp.write_text(json.dumps(state), encoding="utf-8")
+        tmp.write_text(json.dumps(marker), encoding="utf-8")
+
+
+def read_marker(workdir: Path) -> dict[str, Any]:
+    """The marker's record; a damaged one is one line, and nothing is deleted."""
+    marker_file = workdir / WORKSPACE_MARKER
+    try:
+        marker = json.loads(marker_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        marker = exc
+    if not isinstance(marker, dict) or not isinstance(marker.get("finished"), bool):
+        raise GptlabError(
+            f"{workdir}: its smoke run record {marker_file} is damaged, so what a user added there "
+            "cannot be told from the run's own; nothing was deleted. Pass --fresh to replace the "
+            "workspace, or --workdir to run elsewhere"
+        )
+    return marker
 
 
 def later_work(workdir: Path) -> list[str]:
     """What the workspace holds that its last smoke run did not leave: changed files, new experiments."""
-    marker = json.loads((workdir / WORKSPACE_MARKER).read_text(encoding="utf-8"))
-    if not marker.get("finished"):
-        return []  # a run that was stopped: everything in it is that run's
+    marker = read_marker(workdir)
+    if not marker["finished"]:
+        return stopped_run_extras(workdir, marker)
     now = workspace_state(workdir)
     files = [name for name, meta in now["files"].items() if marker["files"].get(name) != meta]
     refs = [ref.split()[0] for ref in set(now["refs"]) - set(marker["refs"])]
     return sorted(refs) + files
+
+
+def stopped_run_extras(workdir: Path, marker: Mapping[str, Any]) -> list[str]:
+    """What a user added to the workspace of a run that was stopped (Ctrl-C, SIGTERM, a crash).
+
+    Its own outputs are the stages' reports, dvc.lock, the params DVC set and what git ignores
+    (data/, models/): anything else new or edited since its first commit, and any git ref that
+    is not a DVC experiment's, was made by someone else.
+    """
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "-z", "--no-renames", "--untracked-files=all"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    changed = (entry[3:] for entry in status.split("\0") if entry)  # "XY path"
+    files = sorted(name for name in changed if not _stopped_run_output(Path(name)))
+    now = set(workspace_state(workdir)["refs"])
+    refs = [ref.split()[0] for ref in now - set(marker.get("refs", now))]  # an older marker holds none
+    return sorted(ref for ref in refs if not ref.startswith("refs/exps/")) + files
+
+
+def _stopped_run_output(name: Path) -> bool:
+    return _project_run_output(name) or name == Path("params.yaml") or name.name == ".gitignore"
 
 
 def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], fresh: bool = False) -> None:
@@ -150,8 +196,9 @@ def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], f
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
     # Its runs log to the project's store, whoever runs what in it (gptlab.paths.project_root).
     (workdir / PROJECT_POINTER).write_text(f"{project.resolve()}\n", encoding="utf-8")
-    mark_workspace(workdir, finished=False)
+    mark_workspace(workdir, finished=False)  # claims the folder before anything can stop the run
     commit_workspace(workdir, "smoke workspace", source)
+    mark_workspace(workdir, finished=False)  # and records its first commit
 
 
 def _project_run_output(name: Path) -> bool:

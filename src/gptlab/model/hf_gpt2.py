@@ -421,8 +421,8 @@ def export_checkpoint(
 ) -> Path:
     """A gptlab checkpoint folder as a Hugging Face GPT-2 folder; classifiers are refused before loading.
 
-    `out_dir` must be new or empty, unless `force` (then it is replaced as a whole). It is never
-    the checkpoint itself, a folder holding it or inside it, another gptlab checkpoint, or the
+    `out_dir` must be new or empty, unless it holds an earlier export and `force` is given (then
+    it is replaced as a whole). It is never the checkpoint itself, a folder holding it or inside it, another gptlab checkpoint, or the
     current folder. The export is written into a temporary folder beside `out_dir` and renamed
     into place once complete, so a failure leaves `out_dir` as it was.
     """
@@ -437,16 +437,38 @@ def export_checkpoint(
 
 def is_gptlab_checkpoint(directory: Path) -> bool:
     """Whether `directory` holds a gptlab checkpoint (a config.json with our `model` section)."""
-    config = directory / CONFIG_FILE
-    try:
-        payload = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    payload = _config_payload(directory)
     return isinstance(payload, dict) and "model" in payload
 
 
+def is_earlier_export(directory: Path) -> bool:
+    """Whether `directory` holds what an export writes and nothing else: the only folder --force replaces.
+
+    Its entries are config.json (a Hugging Face GPT-2 config) and at most model.safetensors, both
+    plain files: a project, a git repository or a folder of notes is never one.
+    """
+    entries = {entry.name: entry for entry in directory.iterdir()}
+    if CONFIG_FILE not in entries or not set(entries) <= {CONFIG_FILE, WEIGHTS_FILE}:
+        return False
+    if any(entry.is_symlink() or not entry.is_file() for entry in entries.values()):
+        return False
+    payload = _config_payload(directory)
+    return isinstance(payload, dict) and payload.get("model_type") == "gpt2"
+
+
+def _config_payload(directory: Path) -> Any:
+    try:
+        return json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def check_export_target(checkpoint_dir: Path, out_dir: Path, *, force: bool = False) -> None:
-    """Refuse an export folder whose replacement would destroy a checkpoint or anything else unasked."""
+    """Refuse an export folder whose replacement would destroy a checkpoint or anything else unasked.
+
+    --force replaces an earlier export only: whatever else a non-empty folder holds may be a
+    user's work (a clone, notes), which no flag of this command deletes.
+    """
     source, target = checkpoint_dir.resolve(), out_dir.resolve()
     hint = "export into a new or empty folder"
     if target == source:
@@ -464,12 +486,17 @@ def check_export_target(checkpoint_dir: Path, out_dir: Path, *, force: bool = Fa
         raise InputError(
             f"{out_dir} is a gptlab checkpoint and exporting would destroy it (even with --force); {hint}"
         )
-    if next(out_dir.iterdir(), None) is None:
+    entries = sorted(entry.name for entry in out_dir.iterdir())
+    if not entries:
         return
-    if not force:
+    if not is_earlier_export(out_dir):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise InputError(
-            f"{out_dir} is not empty; {hint}, or pass --force to replace that folder and everything in it"
+            f"{out_dir} is not empty and not an earlier export (it holds {shown}); {hint} "
+            "(--force replaces only a folder that holds exactly what export writes)"
         )
+    if not force:
+        raise InputError(f"{out_dir} is not empty: it holds an earlier export; pass --force to replace it")
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
         raise InputError(f"{out_dir} holds the current folder and --force would replace it; {hint}")
