@@ -21,18 +21,12 @@ from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
-import copy
 import dataclasses
 import functools
 import json
-import math
-import statistics
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import tiktoken
 import torch
 
 from gptlab.data.instruct import (
@@ -45,22 +39,18 @@ from gptlab.data.instruct import (
 )
 from gptlab.files import write_json
 from gptlab.model.checkpoint import load_model, read_config
-from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, INSTRUCT_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
 from gptlab.schema import flatten
-from gptlab.tasks.config import InstructConfig
 from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
-from gptlab.tasks.judge import check_judge, judge_all, summarize
-from gptlab.tasks.responses import answer_room, generate_responses, prompt_ids, rouge_l
+from gptlab.tasks.instruction_scores import answer_and_score, metrics_and_counts
+from gptlab.tasks.judge import check_judge
 from gptlab.tracking.runs import StageRun
 from gptlab.training.chunked_loss import language_model_loss
-from gptlab.training.loop import TrainResult, require_one_batch
-from gptlab.training.losses import dataset_loss
-from gptlab.training.runtime import inference_dtype
+from gptlab.training.loop import require_one_batch
 
 STAGE = "instruct-finetune"
 REPORT_DIR = REPORTS / "instruct"
@@ -111,8 +101,8 @@ def run(params: Params) -> None:
             return
         if has_lora(model):  # answered and saved as a plain GPT-2: chat, export and MLflow load it as is
             merge_lora(model)
-        responses, metrics = _answer_and_score(model, tokenizer, cfg, splits["test"], datasets, collate)
-        metrics, counts = _metrics_and_counts(metrics, result, trainable)
+        responses, metrics = answer_and_score(model, tokenizer, cfg, splits["test"], datasets, collate)
+        metrics, counts = metrics_and_counts(metrics, result, trainable)
         write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
         _log_answers(stage.tracker, responses, judged=cfg.judge.enabled)
         metadata = {
@@ -138,99 +128,6 @@ def run(params: Params) -> None:
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
 
 
-def _answer_and_score(
-    model: GPTModel,
-    tokenizer: tiktoken.Encoding,
-    cfg: InstructConfig,
-    test_records: list[dict[str, str]],
-    datasets: dict[str, InstructionDataset],
-    collate: Callable[[list[Any]], Any],
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Full validation and test losses, greedy answers to the test set, ROUGE-L and the judge's scores."""
-    model.eval()
-    device = next(model.parameters()).device
-    # The precision training used also serves the losses; the answers use instruct.generate.precision.
-    metrics: dict[str, Any] = {
-        f"{split}_loss": _finite(
-            dataset_loss(
-                model,
-                datasets[split],
-                cfg.train.eval_batch_size or cfg.train.batch_size,
-                precision=cfg.train.precision,
-                collate_fn=collate,
-            )
-        )
-        for split in ("val", "test")
-    }
-    _warn_of_capped_answers(tokenizer, test_records, cfg, model.cfg.context_length)
-    answer_dtype = inference_dtype(device, cfg.generate.precision)
-    # A bf16 copy answers: the model itself stays fp32, as it is saved.
-    answering = model if answer_dtype == torch.float32 else copy.deepcopy(model).to(answer_dtype)
-    responses = generate_responses(
-        answering,
-        tokenizer,
-        test_records,
-        max_new_tokens=cfg.max_new_tokens,
-        batch_size=cfg.generate.batch_size,
-    )
-    del answering
-    rouge = rouge_l([r["output"] for r in responses], [r["model_response"] for r in responses])
-    for record, score in zip(responses, rouge, strict=True):
-        record["rougeL_f1"] = score
-    metrics["rougeL_f1"] = statistics.fmean(rouge) if rouge else None
-    metrics["test_records"] = len(responses)
-    if cfg.judge.enabled:
-        verdicts = judge_all(cfg.judge, responses)
-        for record, verdict in zip(responses, verdicts, strict=True):
-            record["judge_score"] = verdict.score
-            record["judge_reply"] = verdict.reply
-        metrics["judge"] = summarize([v.score for v in verdicts])
-    return responses, metrics
-
-
-def _warn_of_capped_answers(
-    tokenizer: tiktoken.Encoding, records: list[dict[str, str]], cfg: InstructConfig, context_length: int
-) -> None:
-    """Say when the base model's context leaves less room than instruct.max_new_tokens (as `gptlab chat` does)."""
-    lengths = [len(ids) for ids in prompt_ids(tokenizer, records)]
-    rooms = answer_room(lengths, context_length=context_length, max_new_tokens=cfg.max_new_tokens)
-    capped = [room for room in rooms if room < cfg.max_new_tokens]
-    if capped:
-        print(
-            f"warning: instruct.max_new_tokens {cfg.max_new_tokens} capped for {len(capped)} of "
-            f"{len(rooms)} test answers at what the context of the base model {cfg.base_model} "
-            f"({context_length} tokens) leaves after their prompts: {min(capped)} to {max(capped)} tokens; "
-            "a longer context (OpenAI's GPT-2 reads 1,024 tokens; with gpt2.source: pretrain it is "
-            "pretrain.model.context_length) or a lower instruct.max_new_tokens avoids it",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _metrics_and_counts(
-    scores: dict[str, Any], result: TrainResult, trainable: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """DVC's metrics (losses, ROUGE-L, the judge's mean) and the counts beside them."""
-    metrics = {
-        **scores,
-        # The last evaluation of training, over eval_iter batches: the book's reported losses.
-        "final_train_loss": _finite(result.history[-1]["train_loss"]) if result.history else None,
-        "final_val_loss": _finite(result.history[-1]["val_loss"]) if result.history else None,
-    }
-    # Counts are no metrics to compare across experiments: they go to counts.json.
-    counts: dict[str, Any] = {
-        "steps": result.steps,
-        "tokens_seen": result.seen,
-        "trainable_params": trainable,
-        "test_records": metrics.pop("test_records"),
-    }
-    if "judge" in metrics:
-        judge = metrics.pop("judge")
-        metrics["judge"] = {"mean": judge["mean"]}
-        counts["judge"] = {k: v for k, v in judge.items() if k != "mean"}
-    return metrics, counts
-
-
 def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: bool) -> None:
     """A table of every answer with its scores, which the MLflow UI shows in its evaluation view,
     and the first answers as chapter 7 prints them, a text file the UI shows as it is."""
@@ -251,11 +148,6 @@ def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: 
         for r in responses[:ANSWER_EXAMPLES]
     )
     tracker.log_text(("\n" + "-" * 37 + "\n").join(examples) + "\n", "instruct/answer_examples.txt")
-
-
-def _finite(value: float) -> float | None:
-    """None for a nan loss (an empty split), which JSON cannot hold."""
-    return None if math.isnan(value) else value
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from gptlab.pipeline.stage import answer_arguments_first, stage_main
 
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
-import dataclasses
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -30,14 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset
-from gptlab.errors import InputError
+from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset, fit_to_context
 from gptlab.files import write_csv, write_figure
-from gptlab.model.checkpoint import load_model, read_config
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
-from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
@@ -52,47 +47,35 @@ from gptlab.pipeline.training_stage import (
 from gptlab.schema import flatten
 from gptlab.tasks.classifier import (
     CLASS_NAMES,
-    accuracy,
+    Predictions,
+    SplitAccuracies,
     classification_loss,
-    classification_metrics,
     count_examples,
     make_classifier,
-    predict,
+    metrics_and_counts,
+    percentages,
+    score_splits,
 )
 from gptlab.tasks.config import SpamConfig
-from gptlab.tasks.fine_tune import adds_lora, require_language_model
+from gptlab.tasks.fine_tune import adds_lora, base_language_model
 from gptlab.tasks.frozen_trunk import FrozenTrunk, spam_trunk
 from gptlab.tracking.runs import StageRun, section
-from gptlab.training.data_order import evaluation_loader
-from gptlab.training.loop import TrainResult, require_one_batch
+from gptlab.training.loop import require_one_batch
 from gptlab.training.resume import RUNS_DIR
-from gptlab.training.runtime import ordered_loader, resolve_device
+from gptlab.training.runtime import resolve_device
 
 STAGE = "spam-finetune"
 REPORT_DIR = REPORTS / "spam"
 LOSS_COLUMNS = ["step", "examples_seen", "train_loss", "val_loss"]
-SCORES = ("accuracy", "precision", "recall", "f1")
 # spam params no number depends on: left out of the resume folder's fingerprint.
 OPERATIONAL = ("cache_frozen_trunk",)
-Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]  # actual, predicted, class probabilities
 
 
 def run(params: Params) -> None:
     cfg = params.spam
     base_dir = GPT2_MODELS / cfg.base_model
     model, base_metadata, data = _classifier_and_data(params, base_dir)
-    # The book's scores during training read the loaders of train.rng (under `book` its
-    # shuffled training loader, drawing from the RNG); the final scores read each split in order.
-    score_loaders = {
-        split: evaluation_loader(dataset, cfg.train.batch_size, cfg.train.rng, shuffled=split == "train")
-        for split, dataset in data.items()
-    }
-
-    def eval_accuracy(split: str, trained: nn.Module, num_batches: int = cfg.train.eval_iter) -> float:
-        return accuracy(
-            trained, score_loaders[split], cfg.pooling, num_batches=num_batches, precision=cfg.train.precision
-        )
-
+    accuracies = SplitAccuracies(data, cfg.train, cfg.pooling, cfg.train.eval_iter)
     with (
         _training_run(params, model, data, base_dir, base_metadata) as stage,
         spam_trunk(model, data, cfg, RUNS_DIR / STAGE) as trunk,
@@ -100,11 +83,9 @@ def run(params: Params) -> None:
         _report_trunk(stage.tracker, trunk)
         # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
         torch.manual_seed(cfg.train.seed)
-        initial = {
-            f"{s}_accuracy": eval_accuracy(s, trunk.view(model), cfg.initial_eval_batches) for s in SPLITS
-        }
+        initial = accuracies(trunk.view(model), SPLITS, cfg.initial_eval_batches)
         stage.tracker.log_metrics(section("initial", initial), step=0)
-        print("before training: " + _percentages(initial))
+        print("before training: " + percentages(initial))
         if adds_lora(cfg.trainable):
             # Appendix E's order: the accuracies above, then the model frozen and every linear layer
             # wrapped; A is drawn from the RNG as it stands after them (B is zero: same accuracies).
@@ -112,10 +93,8 @@ def run(params: Params) -> None:
         trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
-            scores = {
-                f"{split}_accuracy": eval_accuracy(split, trunk.view(trained)) for split in ("train", "val")
-            }
-            print(f"epoch {epoch}: " + _percentages(scores))
+            scores = accuracies(trunk.view(trained), ("train", "val"))
+            print(f"epoch {epoch}: " + percentages(scores))
             return scores
 
         torch.manual_seed(cfg.train.seed)  # the book seeds again before the optimizer and training
@@ -135,8 +114,12 @@ def run(params: Params) -> None:
             # The adapters folded into the weights: the model scored below is the one saved, a plain
             # classifier with GPT-2's tensor names that every reader of checkpoints loads as it is.
             merge_lora(model)
-        predictions, final = _final_scores(trunk.view(model), data, cfg)
-        metrics, counts = _metrics_and_counts(initial, final, result, trainable)
+        batch_size = cfg.train.eval_batch_size or cfg.train.batch_size
+        predictions, final = score_splits(
+            trunk.view(model), data, cfg.pooling, batch_size, cfg.train.precision
+        )
+        print("after training: " + percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
+        metrics, counts = metrics_and_counts(initial, final, result, trainable)
         _write_and_log_scores(stage.tracker, initial, result.epochs, final, data["test"], predictions["test"])
         metadata = _model_metadata(cfg, data["train"].max_length, base_metadata, trainable, metrics)
         reports = Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS))
@@ -208,7 +191,9 @@ def _classifier_and_data(
     data = {split: SpamDataset(Path(params.data.processed_dir), split) for split in SPLITS}
     require_one_batch(len(data["train"]), cfg.train.batch_size, "spam.train.batch_size")  # before the model
     device = resolve_device(cfg.train.device)
-    model, base_metadata = _base_model(base_dir, cfg.base_weights, cfg.drop_rate, cfg.train.seed, device)
+    model, base_metadata = base_language_model(
+        base_dir, cfg.base_weights, cfg.drop_rate, cfg.train.seed, device, "spam.base_model"
+    )
     model = make_classifier(
         model,
         len(CLASS_NAMES),
@@ -216,97 +201,8 @@ def _classifier_and_data(
         trainable_blocks=cfg.trainable_blocks,
         seed=cfg.train.seed,
     )
-    _fit_to_context(params, data, model.cfg.context_length, base_dir)
+    fit_to_context(data, cfg.max_length, model.cfg.context_length, params.data.bpe_files(), base_dir)
     return model, base_metadata, data
-
-
-def _fit_to_context(
-    params: Params, data: dict[str, SpamDataset], context_length: int, base_dir: Path
-) -> None:
-    """The splits encoded again to `spam.max_length` when it is set (in place), checked against the context."""
-    cfg = params.spam
-    if cfg.max_length is not None:
-        length = context_length if cfg.max_length == "context" else cfg.max_length
-        tokenizer = gpt2_tokenizer(*params.data.bpe_files())
-        for dataset in data.values():
-            dataset.reencode(tokenizer, length)
-    max_length = data["train"].max_length
-    if max_length > context_length:
-        raise InputError(
-            f"spam messages are padded to {max_length} tokens but {base_dir} reads at most "
-            f"{context_length}: use a base model with a longer context, or set spam.max_length "
-            'to at most that ("context" pads to the model\'s context length)'
-        )
-
-
-def _final_scores(
-    model: nn.Module, data: dict[str, SpamDataset], cfg: SpamConfig
-) -> tuple[dict[str, Predictions], dict[str, dict[str, Any]]]:
-    """Predictions and scores over the full splits, as the book's last evaluation."""
-    batch_size = cfg.train.eval_batch_size or cfg.train.batch_size
-    predictions = {
-        split: predict(
-            model, ordered_loader(dataset, batch_size), cfg.pooling, desc=split, precision=cfg.train.precision
-        )
-        for split, dataset in data.items()
-    }
-    final = {
-        split: classification_metrics(actual, predicted)
-        for split, (actual, predicted, _) in predictions.items()
-    }
-    print("after training: " + _percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
-    return predictions, final
-
-
-def _metrics_and_counts(
-    initial: dict[str, float], final: dict[str, dict[str, Any]], result: TrainResult, trainable: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """DVC's metrics (scores, last losses) and the counts beside them (steps, confusion matrices)."""
-    metrics: dict[str, Any] = {
-        "initial": initial,
-        **{split: {name: scores[name] for name in SCORES} for split, scores in final.items()},
-    }
-    if result.history:
-        metrics["final_train_loss"] = result.history[-1]["train_loss"]
-        metrics["final_val_loss"] = result.history[-1]["val_loss"]
-    counts = {
-        "examples_seen": result.seen,
-        "steps": result.steps,
-        "trainable_params": trainable,
-        "confusion_matrix": {split: _confusion_counts(scores) for split, scores in final.items()},
-    }
-    return metrics, counts
-
-
-def _base_model(
-    base_dir: Path, weights: str, drop_rate: float, seed: int, device: torch.device
-) -> tuple[GPTModel, dict[str, Any]]:
-    """The language model to fine-tune: the load-gpt2 checkpoint, or its architecture freshly drawn.
-
-    `random` seeds, then builds the model on the CPU (the book's draws on any device) and
-    moves it, as the bonus script's `--weights random` does.
-    """
-    if weights == "random":
-        base_cfg, base_metadata = read_config(base_dir)
-        require_language_model(base_cfg, base_dir, "spam.base_model")
-        torch.manual_seed(seed)
-        model = build_gpt(dataclasses.replace(base_cfg, drop_rate=drop_rate))
-        return model.to(device).eval(), base_metadata
-    model, base_metadata = load_model(base_dir, device, drop_rate=drop_rate)
-    require_language_model(model.cfg, base_dir, "spam.base_model")
-    return model, base_metadata
-
-
-def _percentages(scores: dict[str, float]) -> str:
-    return " | ".join(f"{name.replace('_', ' ')} {value * 100:.2f}%" for name, value in scores.items())
-
-
-def _confusion_counts(scores: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """One split's confusion matrix keyed by label names (rows actual, columns predicted)."""
-    return {
-        f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
-        for i, row in enumerate(scores["confusion_matrix"])
-    }
 
 
 def _write_and_log_scores(

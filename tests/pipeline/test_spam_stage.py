@@ -6,7 +6,6 @@ tests of this module: ~25 s of CPU for the stage and the DVC and MLflow checks.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -444,19 +443,3 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
     )
     # tracking.log_models false: the stage logs and registers no model (DVC alone keeps the checkpoint).
     assert "gptlab.model_uri" not in run.data.tags and MlflowClient().search_registered_models() == []
-
-
-def test_random_base_weights_are_the_architecture_freshly_seeded(tmp_path: Path) -> None:
-    from stages.spam_finetune import _base_model
-
-    torch.manual_seed(1)
-    cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1, qkv_bias=True)
-    save_model(build_gpt(cfg), tmp_path / "base", {"stage": "load-gpt2"})
-    model, metadata = _base_model(tmp_path / "base", "random", 0.0, 123, torch.device("cpu"))
-    torch.manual_seed(123)
-    expected = build_gpt(dataclasses.replace(cfg, drop_rate=0.0))
-    assert metadata == {"stage": "load-gpt2"} and model.cfg.drop_rate == 0.0
-    for (name, ours), theirs in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
-        assert torch.equal(ours, theirs), name
-    loaded, _ = _base_model(tmp_path / "base", "pretrained", 0.0, 123, torch.device("cpu"))
-    assert not torch.equal(loaded.tok_emb.weight, model.tok_emb.weight)

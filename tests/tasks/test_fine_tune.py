@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptlab.errors import InputError
+from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora
 from gptlab.schema import ConfigError
-from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
+from gptlab.tasks.fine_tune import adds_lora, base_language_model, require_language_model, select_trainable
 
 TINY = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=3, drop_rate=0.0)
 
@@ -66,3 +70,21 @@ def test_a_classifier_is_no_base_model() -> None:
     assert TINY.is_language_model and not classifier.is_language_model
     with pytest.raises(InputError, match=r"models/gpt2/tiny is already a classifier: instruct\.base_model"):
         require_language_model(classifier, Path("models/gpt2/tiny"), "instruct.base_model")
+
+
+def test_random_base_weights_are_the_architecture_freshly_seeded(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    cfg = ModelConfig(context_length=16, emb_dim=16, n_heads=2, n_layers=1, qkv_bias=True)
+    save_model(build_gpt(cfg), tmp_path / "base", {"stage": "load-gpt2"})
+    model, metadata = base_language_model(
+        tmp_path / "base", "random", 0.0, 123, torch.device("cpu"), "spam.base_model"
+    )
+    torch.manual_seed(123)
+    expected = build_gpt(dataclasses.replace(cfg, drop_rate=0.0))
+    assert metadata == {"stage": "load-gpt2"} and model.cfg.drop_rate == 0.0
+    for (name, ours), theirs in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+    loaded, _ = base_language_model(
+        tmp_path / "base", "pretrained", 0.0, 123, torch.device("cpu"), "spam.base_model"
+    )
+    assert not torch.equal(loaded.tok_emb.weight, model.tok_emb.weight)

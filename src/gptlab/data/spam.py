@@ -9,9 +9,10 @@ pandas is imported by the functions that read and write frames, not with the mod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import tiktoken
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset
 from gptlab.data.token_ids import load_token_ids
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
-from gptlab.model.tokenizer import END_OF_TEXT_ID
+from gptlab.model.tokenizer import END_OF_TEXT_ID, gpt2_tokenizer
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -166,6 +167,29 @@ class SpamDataset(Dataset):
         ids = pad_ids(encode_texts(self.texts, tokenizer), max_length)
         self.input_ids = torch.from_numpy(ids.astype(np.int64))  # (n, max_length)
         self.max_length = max_length
+
+
+def fit_to_context(
+    datasets: Mapping[str, SpamDataset],
+    max_length: int | Literal["context"] | None,
+    context_length: int,
+    bpe_files: tuple[Path, Path],
+    base_dir: Path,
+) -> None:
+    """The splits encoded again to `max_length` (spam.max_length) when it is set, in place, and
+    checked against the `context_length` of the base model in `base_dir`."""
+    if max_length is not None:
+        length = context_length if max_length == "context" else max_length
+        tokenizer = gpt2_tokenizer(*bpe_files)
+        for dataset in datasets.values():
+            dataset.reencode(tokenizer, length)
+    padded = datasets["train"].max_length
+    if padded > context_length:
+        raise InputError(
+            f"spam messages are padded to {padded} tokens but {base_dir} reads at most "
+            f"{context_length}: use a base model with a longer context, or set spam.max_length "
+            'to at most that ("context" pads to the model\'s context length)'
+        )
 
 
 def prepare(

@@ -1,1 +1,1 @@
-"""The experiments layer: profiles, smoke runs, sweeps, comparing experiments and checking metrics."""
+"""The experiments layer: the pipeline run as a whole (profiles, smoke runs, sweeps) and its results compared and checked; cli/ only parses their arguments."""

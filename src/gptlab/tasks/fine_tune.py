@@ -1,4 +1,4 @@
-"""What both fine-tunes do alike to their base model: check it is a language model, choose what trains.
+"""What both fine-tunes do alike to their base model: load it, check it is a language model, choose what trains.
 
 `spam.trainable` and `instruct.trainable` name a mode (`Trainable`); what each mode
 trains is said here, in `select_trainable`, and nowhere else: the stages, the
@@ -7,10 +7,16 @@ classifier's head surgery and the stage's report of what trains all ask this mod
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any, Literal
+
+import torch
 
 from gptlab.errors import InputError
+from gptlab.model.checkpoint import load_model, read_config
 from gptlab.model.config import ModelConfig
+from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.config import Trainable, check_trainable_blocks
 
@@ -19,6 +25,30 @@ def require_language_model(cfg: ModelConfig, base_dir: Path, key: str) -> None:
     """Refuse a base model that is already a classifier: a fine-tune starts from a language model."""
     if not cfg.is_language_model:
         raise InputError(f"{base_dir} is already a classifier: {key} must name a GPT-2 language model")
+
+
+def base_language_model(
+    base_dir: Path,
+    weights: Literal["pretrained", "random"],
+    drop_rate: float,
+    seed: int,
+    device: torch.device,
+    key: str,
+) -> tuple[GPTModel, dict[str, Any]]:
+    """The language model to fine-tune and its metadata: the checkpoint, or its architecture freshly drawn.
+
+    `random` seeds, then builds the model on the CPU (the book's draws on any device) and
+    moves it, as the bonus script's `--weights random` does.
+    """
+    if weights == "random":
+        base_cfg, base_metadata = read_config(base_dir)
+        require_language_model(base_cfg, base_dir, key)
+        torch.manual_seed(seed)
+        model = build_gpt(dataclasses.replace(base_cfg, drop_rate=drop_rate))
+        return model.to(device).eval(), base_metadata
+    model, base_metadata = load_model(base_dir, device, drop_rate=drop_rate)
+    require_language_model(model.cfg, base_dir, key)
+    return model, base_metadata
 
 
 def select_trainable(model: GPTModel, trainable: Trainable, blocks: int | None = None) -> None:
