@@ -17,7 +17,6 @@ answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --hel
 
 import json
 from pathlib import Path
-from typing import Any
 
 from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split
 from gptlab.files import write_json
@@ -28,7 +27,7 @@ from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
 from gptlab.tracking.runs import section, stage_run
-from gptlab.training.losses import dataset_loss, perplexity
+from gptlab.training.losses import split_losses
 from gptlab.training.runtime import resolve_device
 
 STAGE = "eval"
@@ -59,11 +58,7 @@ def run(params: Params) -> None:
                 **{f"{split}_windows": len(dataset) for split, dataset in data.items()},
             },
         )
-        metrics: dict[str, Any] = {}
-        for split, dataset in data.items():
-            loss = dataset_loss(model, dataset, cfg.batch_size)
-            metrics[f"{split}_loss"] = loss
-            metrics[f"{split}_perplexity"] = perplexity(loss)
+        metrics = split_losses(model, data, cfg.batch_size)
         samples = {
             name: {**flatten(sample), "text": generate_text(model, tokenizer, sample)}
             for name, sample in cfg.samples.items()

@@ -35,11 +35,11 @@ from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import expected_hf_shapes
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.paths import GPT2_MODELS
+from gptlab.pipeline.base_models import write_base_model
 from gptlab.tasks.classifier import accuracy, classification_loss, count_examples, make_classifier
 from gptlab.training.data_order import evaluation_loader
 from gptlab.training.loop import fit
 from gptlab.training.losses import next_token_loss
-from stages.load_gpt2 import write_base_model
 
 from helpers import checkpoint_config, committed_params, train_config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any
 
 import torch
@@ -77,6 +77,18 @@ def dataset_loss(
         loss = average_loss(model, batches, loss_fn)
     model.train(was_training)
     return loss
+
+
+def split_losses(
+    model: nn.Module, datasets: Mapping[str, Dataset], batch_size: int, desc: str | None = None
+) -> dict[str, float]:
+    """`{split}_loss` and `{split}_perplexity` over every window of each split, in order (chapter 5's evaluation)."""
+    metrics: dict[str, float] = {}
+    for split, dataset in datasets.items():
+        loss = dataset_loss(model, dataset, batch_size, desc=desc and f"{desc} {split} loss")
+        metrics[f"{split}_loss"] = loss
+        metrics[f"{split}_perplexity"] = perplexity(loss)
+    return metrics
 
 
 def perplexity(loss: float) -> float:
