@@ -25,17 +25,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset, fit_to_context
-from gptlab.files import write_csv, write_figure
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.paths import GPT2_MODELS, REPORTS, SPAM_MODEL
+from gptlab.pipeline.classifier_reports import write_and_log_scores
 from gptlab.pipeline.params import Params
-from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
 from gptlab.pipeline.training_stage import (
     DatasetRead,
     Reports,
@@ -47,7 +45,6 @@ from gptlab.pipeline.training_stage import (
 from gptlab.schema import flatten
 from gptlab.tasks.classifier import (
     CLASS_NAMES,
-    Predictions,
     SplitAccuracies,
     classification_loss,
     count_examples,
@@ -120,7 +117,9 @@ def run(params: Params) -> None:
         )
         print("after training: " + percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
         metrics, counts = metrics_and_counts(initial, final, result, trainable)
-        _write_and_log_scores(stage.tracker, initial, result.epochs, final, data["test"], predictions["test"])
+        write_and_log_scores(
+            stage.tracker, REPORT_DIR, initial, result.epochs, final, data["test"], predictions["test"]
+        )
         metadata = _model_metadata(cfg, data["train"].max_length, base_metadata, trainable, metrics)
         reports = Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS))
         stage.publish(
@@ -203,44 +202,6 @@ def _classifier_and_data(
     )
     fit_to_context(data, cfg.max_length, model.cfg.context_length, params.data.bpe_files(), base_dir)
     return model, base_metadata, data
-
-
-def _write_and_log_scores(
-    tracker: StageRun,
-    initial: dict[str, float],
-    epochs: list[dict[str, Any]],
-    final: dict[str, dict[str, Any]],
-    test_set: SpamDataset,
-    test_predictions: Predictions,
-) -> None:
-    """Chapter 6's own reports: the accuracy curve (and its figure), the test predictions, the confusion matrices."""
-    import pandas as pd  # at the end of the run, not with the stage
-
-    # Epoch 0 is the fresh head, before any training step.
-    start = {"epoch": 0, "train_accuracy": initial["train_accuracy"], "val_accuracy": initial["val_accuracy"]}
-    curve = pd.DataFrame([start, *epochs], columns=["epoch", "train_accuracy", "val_accuracy"])
-    write_csv(REPORT_DIR / "accuracy.csv", curve)
-    tracker.log_figure(plot_accuracy(curve.to_dict("records")), "spam/accuracy.png")
-    actual, predicted, probs = test_predictions
-    names = np.array(CLASS_NAMES)
-    write_csv(
-        REPORT_DIR / "predictions.csv", pd.DataFrame({"actual": names[actual], "predicted": names[predicted]})
-    )
-    figure = plot_confusion_matrix(final["test"]["confusion_matrix"], CLASS_NAMES, "spam-finetune: test set")
-    write_figure(REPORT_DIR / "confusion_matrix.png", figure)
-    tracker.log_figure(figure, "spam/confusion_matrix.png")
-    for split, scores in final.items():
-        matrix = {"labels": list(CLASS_NAMES), "rows": "actual", "columns": "predicted"}
-        tracker.log_dict(
-            {**matrix, "matrix": scores["confusion_matrix"]}, f"spam/confusion_matrix_{split}.json"
-        )
-    table = {
-        "text": test_set.texts,
-        "actual": [CLASS_NAMES[i] for i in actual],
-        "predicted": [CLASS_NAMES[i] for i in predicted],
-        "spam_probability": probs[:, CLASS_NAMES.index("spam")],
-    }
-    tracker.log_table(pd.DataFrame(table), "spam/test_predictions.json")
 
 
 if __name__ == "__main__":
