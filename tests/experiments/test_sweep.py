@@ -151,6 +151,14 @@ TABLE = {"settings": [], "trains": {}, "described": {}, "columns": []}
         ({"stage": "spam-finetune", "base": [1], "variants": {"a": {}}}, "base: expected a mapping"),
         (["stage"], "s.yaml: expected a mapping with `stage` and `variants`"),
         (
+            {
+                "stage": "spam-finetune",
+                "variants": {"a": {}},
+                "table": {**TABLE, "described": {"pooling": {"param": "spam.pooling"}}},
+            },
+            "s.yaml: table.described.pooling.param: expected one of `settings`",
+        ),
+        (
             {"stage": "spam-finetune", "variants": {"a": {}}, "table": {**TABLE, "settings": "spam.pooling"}},
             "s.yaml: table.settings: expected a list, got 'spam.pooling'",
         ),
@@ -164,7 +172,7 @@ TABLE = {"settings": [], "trains": {}, "described": {}, "columns": []}
                 "variants": {"a": {}},
                 "table": {**TABLE, "settings": ["spam.polling"]},
             },
-            r"s.yaml: table.settings\[0\]: 'spam.polling' is not a param of params.yaml",
+            "s.yaml: table.settings: 'spam.polling' is not a param of params.yaml",
         ),
     ],
 )

@@ -54,4 +54,4 @@ def run(args: argparse.Namespace) -> int:
         "collect_only": args.collect,
         "timeout": args.timeout,
     }
-    return sweeps.run(Path.cwd(), args.sweep, args.profile, args.name, out=args.out, **options)
+    return sweeps.run(args.sweep, args.profile, args.name, out=args.out, **options)

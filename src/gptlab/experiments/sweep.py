@@ -60,24 +60,31 @@ class Column:
 
 @dataclass(frozen=True)
 class Described:
-    """A setting column: a param's value in words (`{}`: the value itself)."""
+    """A first column: a param's value in words (`{}` stands for the value)."""
 
     param: str
     words: dict[str | None, str] = field(default_factory=dict)  # by value
-    other: str = "{}"  # for any other value
+    other: str = "{}"  # any other value's
+
+    def said(self, params: Mapping[str, Any]) -> str:
+        value = params.get(self.param)
+        return self.words.get(value, self.other).format(value)
 
 
 @dataclass(frozen=True)
 class Table:
-    """A sweep file's `table:`, its stage's columns: what each variant ran with in words, then its results."""
+    """A sweep file's `table:`, its stage's columns: what each variant ran with, in words, then its results."""
 
-    settings: list[str]  # the params those read: the CSV's first
-    trains: dict[str, str]  # the trains column's words, by <task>.trainable: {blocks} {s} {rank} {alpha}
-    described: dict[str, Described]  # by title: the columns after trains and base model
-    columns: list[Column]  # the results
+    settings: list[str] = field(default_factory=list)  # the params those read: the CSV's first
+    trains: dict[str, str] = field(default_factory=dict)  # by <task>.trainable; {blocks}{s}, {rank}, {alpha}
+    described: dict[str, Described] = field(default_factory=dict)  # by title, after trains and base model
+    columns: list[Column] = field(default_factory=list)  # the results
 
-
-NO_TABLE = Table([], {}, {}, [])
+    def __post_init__(self) -> None:
+        for title, described in self.described.items():  # a row holds these params alone
+            require(
+                described.param in self.settings, f"described.{title}.param", "expected one of `settings`"
+            )
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class SweepFile:
     base: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     description: str = ""
-    table: Table | None = None  # none: no settings or results, only the params that differ
+    table: Table | None = None  # none: the table shows the params that differ, no settings, no results
 
     def __post_init__(self) -> None:
         require(bool(self.variants), "variants", "expected a mapping of variant name to overrides")
@@ -153,22 +160,17 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
             swept.setdefault(key, set()).add(_canonical(values.get(key)))
     profiled = profiles.load_overrides(profile, params_file) if profile else {}
     common = profiles.merge_overrides(nested(profiled), spec.base)
-    anyway, unprofiled = typed(common, "base"), typed(spec.base, "base")
-    table = spec.table or NO_TABLE
-    read = {f"table.settings[{i}]": key for i, key in enumerate(table.settings)}
-    read |= {
-        f"table.described.{title}.param": described.param for title, described in table.described.items()
-    }
-    if unknown := [f"{where}: {key!r}" for where, key in read.items() if key not in anyway]:
-        raise ConfigError(f"{path}: {unknown[0]} is not a param of params.yaml")
-    # A variant that sets no value for a swept key gets the one it would have anyway, unless that
-    # is the profile's and some variant's setting: then params.yaml's, so it is what its name says.
+    anyway, unprofiled = typed(common, "base"), typed(spec.base, "base")  # with and without the profile
+    if unknown := [key for key in (spec.table or Table()).settings if key not in anyway]:
+        raise ConfigError(f"{path}: table.settings: {unknown[0]!r} is not a param of params.yaml")
+    # A variant that sets no value for a swept key runs with the one it would have anyway, unless
+    # that is the profile's and some variant's: then with params.yaml's, so it is what its name says.
     restored = {
         key: unprofiled[key]
         for key in swept
         if key in profiled and key not in flatten(spec.base) and _canonical(anyway.get(key)) in swept[key]
     }
-    pins = {key: restored.get(key, anyway[key]) for key in swept if key in anyway}
+    pins = {key: value for key, value in (anyway | restored).items() if key in swept}
     variants, effective, seen = {}, {}, {}
     for variant, changes in spec.variants.items():
         unset = nested({key: value for key, value in pins.items() if key not in own[variant]})
@@ -239,8 +241,10 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
             for variant, overrides in sweep.variants.items():
                 if received:
                     break
-                tags = {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
-                name = sweep.experiment(variant)
+                name, tags = (
+                    sweep.experiment(variant),
+                    {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant},
+                )
                 dvc(
                     "exp",
                     "run",
@@ -251,10 +255,10 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
                     sweep.file.stage,
                 )
                 queued.append(name)
-                own = " ".join(
+                said = " ".join(
                     f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items()
                 )
-                print(f"queued {name}: {own or 'the base settings'}", flush=True)
+                print(f"queued {name}: {said or 'the base settings'}", flush=True)
     except GptlabError as exc:
         if not queued:
             raise
@@ -264,7 +268,7 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
 
 
 def _free_names(sweep: Sweep, dvc: Dvc, replace: bool) -> None:
-    """Earlier experiments of the sweep's names removed (`replace`) or refused: DVC would queue a
+    """Remove the earlier experiments of the sweep's names (`replace`), else refuse: DVC would queue a
     name twice, as it checks finished experiments only."""
     names = {sweep.experiment(variant) for variant in sweep.variants}
     for _attempt in range(5):
@@ -319,10 +323,8 @@ def run_queue(
         for name in names:
             if seen[name] != (state := status.states.get(name, "queued")):
                 seen[name] = state
-                print(
-                    f"  {name}: {state} ({sum(s in DONE for s in seen.values())}/{len(names)} done)",
-                    flush=True,
-                )
+                done = sum(state in DONE for state in seen.values())
+                print(f"  {name}: {seen[name]} ({done}/{len(names)} done)", flush=True)
         if all(state in DONE for state in seen.values()):
             return dvc.experiments()
         if time.monotonic() - started > timeout:
@@ -347,18 +349,15 @@ def settings(sweep: Sweep, p: Mapping[str, Any]) -> dict[str, str]:
     task = sweep.file.stage.removesuffix("-finetune")
     trainable, blocks = p.get(f"{task}.trainable"), p.get(f"{task}.trainable_blocks")
     lora = {"rank": p.get(f"{task}.lora.rank"), "alpha": p.get(f"{task}.lora.alpha")}
-    trains = table.trains.get(trainable, str(trainable)).format(
-        blocks=blocks, s="" if blocks == 1 else "s", **lora
-    )
+    plural = "" if blocks == 1 else "s"
+    trains = table.trains.get(trainable, str(trainable)).format(blocks=blocks, s=plural, **lora)
     name = p.get(f"{task}.base_model")
     # load-gpt2 converts this pipeline's own pretrained model under every base model's name
     model = f"models/pretrain (as {name})" if p.get("gpt2.source") == PRETRAIN_SOURCE else f"OpenAI's {name}"
     model += ": its architecture, random weights" if p.get(f"{task}.base_weights") == "random" else ""
-    words = {
-        title: d.words.get(p.get(d.param), d.other).format(p.get(d.param))
-        for title, d in table.described.items()
+    return {"trains": trains, "base model": model} | {
+        title: d.said(p) for title, d in table.described.items()
     }
-    return {"trains": trains, "base model": model} | words
 
 
 def collect(
@@ -369,34 +368,30 @@ def collect(
     The params (the dotted keys) are what it ran with (not run: what it will): those the settings
     read, then the others some variant sets whose values differ between the rows.
     """
-    exps = {
-        v: found.get(sweep.experiment(v)) or ExperimentRow(sweep.experiment(v), "missing")
-        for v in sweep.variants
-    }
+    named = {variant: sweep.experiment(variant) for variant in sweep.variants}
+    exps = {variant: found.get(name) or ExperimentRow(name, "missing") for variant, name in named.items()}
     params = {variant: exp.params or sweep.effective[variant] for variant, exp in exps.items()}
-    table = sweep.file.table or NO_TABLE
+    table, rows = sweep.file.table or Table(), []
     keys = list(table.settings)
-    for key in dict.fromkeys(k for overrides in sweep.variants.values() for k in overrides):
+    for key in dict.fromkeys(key for overrides in sweep.variants.values() for key in overrides):
         if key not in keys and len({_canonical(p.get(key, "<unset>")) for p in params.values()}) > 1:
             keys.append(key)
-    rows = []
     for variant, exp in exps.items():
         row = {"variant": variant, "experiment": exp.name, "status": exp.state or "unknown"}
         row |= {key: params[variant].get(key) for key in keys}
         for column in table.columns:
-            done = exp.state == "success"
-            report = (
-                (exp.metrics.get(column.file) or _report_at(project, exp.rev, column.file)) if done else None
-            )
+            report = _report(project, exp, column.file) if exp.state == "success" else None
             row[column.name] = flatten(report).get(column.key) if isinstance(report, dict) else None
         run = runs.get(variant) or {}
         rows.append(row | {"wall_seconds": run.get("wall_seconds"), "mlflow_run_id": run.get("run_id")})
     return rows
 
 
-def _report_at(project: Path, rev: str | None, file: str) -> Any:
-    """A JSON report as the experiment's commit holds it (a stage's plain output, no DVC metric)."""
-    shown = subprocess.run(["git", "show", f"{rev}:{file}"], cwd=project, capture_output=True, text=True)
+def _report(project: Path, exp: ExperimentRow, file: str) -> Any:
+    """A JSON report of an experiment: a DVC metrics file, else as its commit holds it (a plain output)."""
+    if exp.metrics.get(file):
+        return exp.metrics[file]
+    shown = subprocess.run(["git", "show", f"{exp.rev}:{file}"], cwd=project, capture_output=True, text=True)
     with contextlib.suppress(json.JSONDecodeError):
         return json.loads(shown.stdout) if shown.returncode == 0 else None
     return None
@@ -408,25 +403,21 @@ def coincidences(sweep: Sweep, params: Mapping[str, Mapping[str, Any]]) -> list[
     With gpt2.source pretrain, load-gpt2 converts this pipeline's models/pretrain under every base
     model's name, so variants that differ in that name alone train the same model.
     """
-    base_model, alike = f"{sweep.file.stage.removesuffix('-finetune')}.base_model", {}
-    for variant, values in params.items():
-        if values.get("gpt2.source") == PRETRAIN_SOURCE:
-            alike.setdefault(_canonical({**values, base_model: None}), []).append(f"`{variant}`")
-    profile_keys = [
+    said = [
         f"The `{sweep.profile}` profile's `{key}` is a setting this sweep compares: the variants that set no `{key}` take params.yaml's `{json.dumps(value)}` instead, so each row is the variant its name says."
         for key, value in sweep.profile_overridden.items()
     ]
-    same_model = "train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
-    return profile_keys + [
-        f"{' and '.join(group)} {same_model}" for group in alike.values() if len(group) > 1
-    ]
+    base_model, alike = f"{sweep.file.stage.removesuffix('-finetune')}.base_model", {}
+    for variant, values in params.items():  # grouped by their params but the base model's name
+        if values.get("gpt2.source") == PRETRAIN_SOURCE:
+            alike.setdefault(_canonical({**values, base_model: None}), []).append(f"`{variant}`")
+    same = "train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
+    return said + [f"{' and '.join(group)} {same}" for group in alike.values() if len(group) > 1]
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(
-        [list(rows[0]), *(map(_csv_value, row.values()) for row in rows)]
-    )
+    writer = csv.writer(buffer := io.StringIO(), lineterminator="\n")
+    writer.writerows([list(rows[0]), *(map(_csv_value, row.values()) for row in rows)])
     return buffer.getvalue()
 
 
@@ -437,9 +428,10 @@ def _csv_value(value: Any) -> str:
 
 
 def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str | None, csv_name: str) -> str:
-    stage, notes, table = sweep.file.stage, sweep.file.notes, sweep.file.table or NO_TABLE
+    stage, notes, table = sweep.file.stage, sweep.file.notes, sweep.file.table or Table()
     others = [key for key in rows[0] if "." in key and key not in table.settings]  # params: dotted keys
     heading = ["variant", *settings(sweep, rows[0]), *(f"`{key}`" for key in others)]
+    heading += [*(column.title for column in table.columns), "training time", "status"]
     cells = []
     for row in rows:
         logs = f" (`dvc queue logs {row['experiment']}`)" if row["status"] == "failed" else ""
@@ -456,16 +448,7 @@ def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str 
         f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`{on}; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. The same rows, with full precision and every param as it is, are in `{csv_name}`.",
         f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
         *coincidences(sweep, params),
-        markdown_grid(
-            [
-                *heading,
-                *(c.title for c in table.columns),
-                "training time",
-                "status",
-                *(["note"] if notes else []),
-            ],
-            cells,
-        ),
+        markdown_grid(heading + (["note"] if notes else []), cells),
     ]
     return "\n\n".join(filter(None, paragraphs)) + "\n"
 
@@ -481,10 +464,10 @@ def _md_number(value: Any, percent: bool) -> str:
 
 
 def write_table(
-    sweep: Sweep, rows: Sequence[Mapping[str, Any]], out_dir: Path, *, commit: str | None
+    sweep: Sweep, rows: Sequence[Mapping[str, Any]], out: Path, *, commit: str | None
 ) -> tuple[Path, Path]:
-    """<out_dir>/<sweep>.csv and .md, each replaced in one step."""
-    csv_path, md_path = out_dir / f"{sweep.name}.csv", out_dir / f"{sweep.name}.md"
+    """<out>/<sweep>.csv and .md, each replaced in one step."""
+    csv_path, md_path = out / f"{sweep.name}.csv", out / f"{sweep.name}.md"
     markdown = to_markdown(sweep, rows, commit=commit, csv_name=csv_path.name)
     for path, text in ((csv_path, to_csv(rows)), (md_path, markdown)):
         with atomic_path(path) as tmp:
@@ -496,7 +479,6 @@ def write_table(
 
 
 def run(
-    project: Path,
     file: str,
     profile: str | None,
     name: str | None,
@@ -507,24 +489,21 @@ def run(
     timeout: float,
     out: Path | None,
 ) -> int:
-    """Queue a sweep's variants and wait for them (unless `collect_only`), then write their table.
+    """`gptlab sweep`: queue the variants and wait for them (unless `collect_only`), then write their table.
 
     The exit code: 0 once every variant succeeded, 1 if one did not, 128 + the signal that stopped it.
     """
-    if not (project / "dvc.yaml").is_file():
+    if not ((project := Path.cwd()) / "dvc.yaml").is_file():
         raise GptlabError("dvc.yaml not found: run `gptlab sweep` from the project root")
     head = ["git", "rev-parse", "--short", "HEAD"]
     if not (commit := subprocess.run(head, cwd=project, capture_output=True, text=True).stdout.strip()):
         raise GptlabError(
             "gptlab sweep runs DVC experiments, which start from a git commit: run it in a git repository with at least one commit"
         )
-    path = sweep_path(file)
-    sweep = load_sweep(
-        path, project / "params.yaml", profiles.profile_path(profile) if profile else None, name
-    )
-    dvc = Dvc(
-        project, {**profiles.experiment_env(project), **source_commit_env(project)}, profiles.dvc_executable()
-    )
+    path, profile_file = sweep_path(file), profiles.profile_path(profile) if profile else None
+    sweep = load_sweep(path, project / "params.yaml", profile_file, name)
+    env = {**profiles.experiment_env(project), **source_commit_env(project)}
+    dvc = Dvc(project, env, profiles.dvc_executable())
     print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.file.stage} from {path}", flush=True)
     for note in coincidences(sweep, sweep.effective):
         print(f"note: {note}", file=sys.stderr, flush=True)
@@ -564,11 +543,11 @@ def run(
 
 
 def _training_times(sweep: Sweep, found: Mapping[str, ExperimentRow]) -> dict[str, dict[str, Any]]:
-    """Each variant's MLflow run and time; without them the table is written all the same."""
+    """Each variant's MLflow run and training time; without them the table is written all the same."""
     ran = sorted({str(e.params.get("tracking.experiment")) for e in found.values() if e.params})
     try:
         return sweep_runs(ran, sweep.name, sweep.file.stage) if ran else {}
-    except Exception as exc:  # noqa: BLE001 - the table is written without the times rather than lost
+    except Exception as exc:  # noqa: BLE001 - the table without the times rather than no table
         reason = describe_failure(exc) or f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         print(f"warning: no training times from MLflow ({masked_uri(reason)})", file=sys.stderr)
         return {}
