@@ -160,8 +160,10 @@ class Dvc:
 
     def ask(self, *args: str) -> str:
         """A read-only command: asked again when it stalls."""
-        at = {"cwd": self.project, "env": self.env, "timeout": self.timeout, "stall_after": self.stall_after}
-        return _checked(args, ask_dvc(self.dvc, args, **at))
+        asked = ask_dvc(
+            self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout, stall_after=self.stall_after
+        )
+        return _checked(args, asked)
 
     def experiments(self) -> dict[str, ExperimentRow]:
         """The experiments of HEAD, queued, running and done, by name (`dvc exp show --json`)."""

@@ -170,7 +170,7 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
         for key in swept
         if key in profiled and key not in flatten(spec.base) and _canonical(anyway.get(key)) in swept[key]
     }
-    pins = {key: value for key, value in (anyway | restored).items() if key in swept}
+    pins = {key: restored.get(key, anyway[key]) for key in swept if key in anyway}
     variants, effective, seen = {}, {}, {}
     for variant, changes in spec.variants.items():
         unset = nested({key: value for key, value in pins.items() if key not in own[variant]})
