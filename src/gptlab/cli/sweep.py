@@ -1,14 +1,8 @@
 """`gptlab sweep NAME`: a sweep file's variants as queued DVC experiments, then their table.
 
-Each variant of sweeps/NAME.yaml (or a path) is queued with `dvc exp run --queue`, `dvc queue start
---jobs N` runs them, and once each has succeeded or failed their table is written to
-reports/sweeps/<sweep>.md and .csv. --profile lays a profile's overrides under every variant; the
-sweep is then named <file>-<profile>. One sweep runs at a time in a project (they share DVC's
-queue); every wait is bounded (--timeout, a day by default, and each dvc command). Stopped
-(Ctrl-C, SIGTERM) while queuing, it removes the variants it queued, or says the command that
-does; stopped while waiting, it leaves them running.
-
-This module only parses the arguments; gptlab.experiments.sweep does the rest.
+This module only parses the arguments and calls gptlab.experiments.sweep.run, which checks the sweep
+file, queues its variants, waits for them and writes reports/sweeps/<sweep>.md and .csv (one sweep
+at a time, every wait bounded; docs/sweeps.md says what a stop leaves).
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ import contextlib
 import functools
 import json
 import re
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -188,6 +190,20 @@ class Dvc:
                 states.setdefault(cells[1], state)
         workers = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", said)
         return QueueStatus(states, (int(workers.group(1)), int(workers.group(2))) if workers else None)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM within the block are recorded, not acted on, so a dvc command in flight ends
+    on its own (`dvc exp run --queue` killed halfway can leave params.yaml with a variant's values)."""
+    received: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in held}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _checked(args: Sequence[str], done: Finished) -> str:

@@ -1,8 +1,9 @@
 """Sweeps: a sweep file's variants of one stage as queued DVC experiments, then the table comparing them.
 
-DVC queues, runs and records the experiments. What it cannot know is here, in three sections: the
+DVC queues, runs and records the experiments. What it cannot know is here, one section each: the
 sweep file (its schema, that its variants differ), the queue (one sweep at a time, nothing left
-queued by a stop) and the table in the book's words, whose stage-specific columns the file names.
+queued by a stop), the table in the book's words (its stage's columns named by the sweep file),
+and `gptlab sweep` going through them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 from gptlab.errors import GptlabError, InputError, describe_failure
 from gptlab.experiments import profiles
 from gptlab.experiments.compare import ExperimentRow, markdown_grid
-from gptlab.experiments.dvc_commands import Dvc
+from gptlab.experiments.dvc_commands import Dvc, signals_held
 from gptlab.experiments.smoke import source_commit_env
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
@@ -214,20 +214,6 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.note = signum, note
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM within the block are recorded, not acted on, so a dvc command in flight ends
-    on its own (`dvc exp run --queue` killed halfway can leave params.yaml with a variant's values)."""
-    received: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in held}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
     """Queue each variant with `dvc exp run --queue`; names taken already need `replace`.
 
@@ -236,28 +222,17 @@ def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
     """
     queued: list[str] = []
     try:
-        with _signals_held() as received:
+        with signals_held() as received:
             _free_names(sweep, dvc, replace)
             for variant, overrides in sweep.variants.items():
                 if received:
                     break
-                name, tags = (
-                    sweep.experiment(variant),
-                    {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant},
-                )
-                dvc(
-                    "exp",
-                    "run",
-                    "--queue",
-                    "--name",
-                    name,
-                    *profiles.set_arguments(overrides | tags),
-                    sweep.file.stage,
-                )
+                name, own = sweep.experiment(variant), flatten(sweep.file.variants[variant])
+                tags = {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
+                arguments = profiles.set_arguments(overrides | tags)
+                dvc("exp", "run", "--queue", "--name", name, *arguments, sweep.file.stage)
                 queued.append(name)
-                said = " ".join(
-                    f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items()
-                )
+                said = " ".join(f"{key}={json.dumps(value)}" for key, value in own.items())
                 print(f"queued {name}: {said or 'the base settings'}", flush=True)
     except GptlabError as exc:
         if not queued:
@@ -323,8 +298,8 @@ def run_queue(
         for name in names:
             if seen[name] != (state := status.states.get(name, "queued")):
                 seen[name] = state
-                done = sum(state in DONE for state in seen.values())
-                print(f"  {name}: {seen[name]} ({done}/{len(names)} done)", flush=True)
+                done = sum(s in DONE for s in seen.values())
+                print(f"  {name}: {state} ({done}/{len(names)} done)", flush=True)
         if all(state in DONE for state in seen.values()):
             return dvc.experiments()
         if time.monotonic() - started > timeout:
@@ -355,9 +330,8 @@ def settings(sweep: Sweep, p: Mapping[str, Any]) -> dict[str, str]:
     # load-gpt2 converts this pipeline's own pretrained model under every base model's name
     model = f"models/pretrain (as {name})" if p.get("gpt2.source") == PRETRAIN_SOURCE else f"OpenAI's {name}"
     model += ": its architecture, random weights" if p.get(f"{task}.base_weights") == "random" else ""
-    return {"trains": trains, "base model": model} | {
-        title: d.said(p) for title, d in table.described.items()
-    }
+    described = {title: d.said(p) for title, d in table.described.items()}
+    return {"trains": trains, "base model": model, **described}
 
 
 def collect(
