@@ -42,10 +42,5 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--jobs: expected 1 or more, got {args.jobs}")
     if not args.timeout > 0:
         raise InputError(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
-    options = {
-        "jobs": args.jobs,
-        "replace": args.replace,
-        "collect_only": args.collect,
-        "timeout": args.timeout,
-    }
+    options = dict(jobs=args.jobs, replace=args.replace, collect_only=args.collect, timeout=args.timeout)
     return sweeps.run(args.sweep, args.profile, args.name, out=args.out, **options)
