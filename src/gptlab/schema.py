@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -164,6 +165,15 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
         else:
             flat[key] = value
     return flat
+
+
+def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{a.b: 1} -> {a: {b: 1}}: the inverse of `flatten`, a flat view laid out like params.yaml again."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        functools.reduce(lambda node, part: node.setdefault(part, {}), parents, tree)[last] = value
+    return tree
 
 
 def _join(path: str, name: str) -> str:

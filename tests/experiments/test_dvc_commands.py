@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from gptlab.errors import GptlabError
-from gptlab.experiments.dvc_commands import ask_dvc, run_dvc
+from gptlab.experiments.dvc_commands import Dvc, QueueStatus, ask_dvc, run_dvc
 from gptlab.experiments.profiles import dvc_executable
-from gptlab.experiments.sweep import Dvc, QueueStatus
 
 from helpers import dvc, git
 

@@ -19,11 +19,10 @@ import torch
 import yaml
 
 from gptlab.errors import GptlabError, InputError
+from gptlab.experiments.compare import ExperimentRow as Experiment
+from gptlab.experiments.dvc_commands import Dvc, QueueStatus
 from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
-    Dvc,
-    Experiment,
-    QueueStatus,
     Stopped,
     Sweep,
     coincidences,
@@ -48,6 +47,12 @@ PARAMS = PROJECT_ROOT / "params.yaml"
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def with_table(data: dict[str, Any]) -> dict[str, Any]:
+    """A sweep file's data with the `table:` of the committed sweep file of its stage (sweeps/<task>.yaml)."""
+    committed = PROJECT_ROOT / "sweeps" / f"{data['stage'].removesuffix('-finetune')}.yaml"
+    return {**data, "table": yaml.safe_load(committed.read_text())["table"]}
 
 
 def changes(sweep: Sweep) -> dict[str, dict[str, Any]]:
@@ -117,6 +122,9 @@ def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
     assert "The `smoke` profile's `spam.trainable` is a setting this sweep compares" in text
 
 
+TABLE = {"settings": [], "trains": {}, "described": {}, "columns": []}
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -142,6 +150,30 @@ def test_on_the_smoke_profile_each_spam_variant_is_what_its_name_says() -> None:
         ({"stage": "spam-finetune", "variants": {"a": {}}, "notes": {"a": 1}}, "notes.a: expected a string"),
         ({"stage": "spam-finetune", "base": [1], "variants": {"a": {}}}, "base: expected a mapping"),
         (["stage"], "s.yaml: expected a mapping with `stage` and `variants`"),
+        (
+            {
+                "stage": "spam-finetune",
+                "variants": {"a": {}},
+                "table": {**TABLE, "described": {"pooling": {"param": "spam.pooling"}}},
+            },
+            "s.yaml: table.described.pooling.param: expected one of `settings`",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {}}, "table": {**TABLE, "settings": "spam.pooling"}},
+            "s.yaml: table.settings: expected a list, got 'spam.pooling'",
+        ),
+        (
+            {"stage": "spam-finetune", "variants": {"a": {}}, "table": {**TABLE, "columns": [{"name": "x"}]}},
+            r"s.yaml: table.columns\[0\].title: missing key",
+        ),
+        (
+            {
+                "stage": "spam-finetune",
+                "variants": {"a": {}},
+                "table": {**TABLE, "settings": ["spam.polling"]},
+            },
+            "s.yaml: table.settings: 'spam.polling' is not a param of params.yaml",
+        ),
     ],
 )
 def test_sweep_file_mistakes_are_refused_naming_the_key_and_the_file(
@@ -405,7 +437,7 @@ CHAPTER_6 = {  # the effective params a row holds (those the table reads)
 def test_table_shows_each_variants_effective_settings_and_marks_failures(tmp_path: Path) -> None:
     variants = {"a": {}, "b": {"spam": {"trainable": "lora", "train": {"lr": 0.001}}}}
     sweep = load_sweep(
-        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+        write_yaml(tmp_path / "s.yaml", with_table({"stage": "spam-finetune", "variants": variants})), PARAMS
     )
     metrics = {"reports/spam/metrics.json": {"train": {"accuracy": 0.5}, "test": {"accuracy": 0.25}}}
     found = {
@@ -473,7 +505,7 @@ def test_the_table_of_a_sweep_with_notes_and_a_description(tmp_path: Path) -> No
         "variants": {"all": {}, "lora": {"instruct": {"trainable": "lora"}}},
         "notes": {"lora": "appendix E | adapters"},
     }
-    sweep = load_sweep(write_yaml(tmp_path / "i.yaml", data), PARAMS)
+    sweep = load_sweep(write_yaml(tmp_path / "i.yaml", with_table(data)), PARAMS)
     markdown = to_markdown(sweep, table_rows(sweep), commit=None, csv_name="i.csv")
     assert markdown.startswith("# Sweep `i`: instruct-finetune, 2 variants\n\nEvery weight against LoRA.\n\n")
     assert (
@@ -485,6 +517,25 @@ def test_the_table_of_a_sweep_with_notes_and_a_description(tmp_path: Path) -> No
         in markdown
     )
     assert "| missing | appendix E \\| adapters |" in markdown
+
+
+def test_a_sweep_file_without_a_table_shows_the_params_that_differ(tmp_path: Path) -> None:
+    variants = {"a": {}, "b": {"spam": {"pooling": "first"}}}
+    sweep = load_sweep(
+        write_yaml(tmp_path / "s.yaml", {"stage": "spam-finetune", "variants": variants}), PARAMS
+    )
+    rows = table_rows(sweep)
+    assert list(rows[0]) == [
+        "variant",
+        "experiment",
+        "status",
+        "spam.pooling",
+        "wall_seconds",
+        "mlflow_run_id",
+    ]
+    markdown = to_markdown(sweep, rows, commit=None, csv_name="s.csv")
+    assert "| variant | `spam.pooling` | training time | status |\n|---|---|---|---|\n" in markdown
+    assert "| `b` | first | — | missing |" in markdown
 
 
 def test_sweep_outside_a_git_repository_is_refused(
@@ -511,14 +562,16 @@ def test_a_sweep_on_a_profile_that_sets_a_swept_key_runs_each_variant_as_named(
     (tmp_path / "sweeps").mkdir()
     sweep_file = write_yaml(
         tmp_path / "sweeps" / "blocks.yaml",
-        {
-            "stage": "spam-finetune",
-            "variants": {
-                "last_block": {},
-                "last_two_blocks": {"spam": {"trainable_blocks": 2}},
-                "all_layers": {"spam": {"trainable": "all"}},
-            },
-        },
+        with_table(
+            {
+                "stage": "spam-finetune",
+                "variants": {
+                    "last_block": {},
+                    "last_two_blocks": {"spam": {"trainable_blocks": 2}},
+                    "all_layers": {"spam": {"trainable": "all"}},
+                },
+            }
+        ),
     )
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "everything.yaml").write_text("spam:\n  trainable: all\n")
@@ -620,7 +673,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     (project / "params.yaml").write_text(
         yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
     )
-    write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": VARIANTS})
+    write_yaml(project / "sweeps" / "tiny.yaml", with_table({"stage": "spam-finetune", "variants": VARIANTS}))
     env = {
         **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
         # The copy's own code, not the editable install's; this interpreter's tools on PATH.

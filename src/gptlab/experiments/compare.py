@@ -10,8 +10,8 @@ the metrics baseline guards (baselines/*.yaml): the headline figures, named in o
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -35,11 +35,16 @@ class ExperimentRow:
     """One revision of `dvc exp show --json`: the commit, one of its experiments, or the workspace."""
 
     name: str
-    rev: str  # short
-    created: str  # "YYYY-MM-DD HH:MM", "" for the workspace
-    state: str  # the executor's (queued, running, failed), "" once done
-    params: dict[str, Any]  # {key or file:key: value}
-    metrics: dict[str, dict[str, Any]]  # {metrics file: {dotted key: value}}
+    state: str  # the executor's: queued, running, success, failed ("" when DVC gives none)
+    rev: str | None = None  # the full commit, or "workspace"
+    params: dict[str, Any] = field(default_factory=dict)  # {key or file:key: value}
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metrics file: {dotted key: value}}
+    created: str = ""  # "YYYY-MM-DD HH:MM", "" for the workspace
+
+    @property
+    def shown_state(self) -> str:
+        """The state as the table shows it: none once done."""
+        return "" if self.state == "success" else self.state
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Comparison:
 
     @property
     def with_state(self) -> bool:
-        return any(row.state for row in self.rows)
+        return any(row.shown_state for row in self.rows)
 
     @property
     def columns(self) -> list[str]:
@@ -79,7 +84,7 @@ class Comparison:
         ]
 
     def _values(self, row: ExperimentRow) -> list[Any]:
-        heading = [row.name, row.rev, row.created] + ([row.state] if self.with_state else [])
+        heading = [row.name, _short(row.rev), row.created] + ([row.shown_state] if self.with_state else [])
         params = [row.params.get(key) for key in self.params]
         return heading + params + [row.metrics.get(m.file, {}).get(m.key) for m in self.metrics]
 
@@ -123,20 +128,25 @@ def experiment_rows(shown: Sequence[dict[str, Any]]) -> list[ExperimentRow]:
         if entry.get("rev") == WORKSPACE:
             workspace = _row(entry, WORKSPACE, "")
             continue
-        rows.append(_row(entry, entry.get("name"), ""))
-        for experiment in entry.get("experiments") or []:
-            revision = (experiment.get("revs") or [{}])[0]
-            state = (experiment.get("executor") or {}).get("state") or ""
-            rows.append(_row(revision, experiment.get("name") or revision.get("name"), state))
+        rows += [_row(entry, entry.get("name"), ""), *experiments(entry)]
     if workspace and all((workspace.params, workspace.metrics) != (r.params, r.metrics) for r in rows):
         rows.insert(0, workspace)
     return rows
 
 
+def experiments(entry: dict[str, Any]) -> list[ExperimentRow]:
+    """The experiments of one revision of `dvc exp show --json`, in DVC's order (newest first)."""
+    found = []
+    for experiment in entry.get("experiments") or []:
+        revision = (experiment.get("revs") or [{}])[0]
+        state = (experiment.get("executor") or {}).get("state") or ""
+        found.append(_row(revision, experiment.get("name") or revision.get("name"), state))
+    return found
+
+
 def _row(revision: dict[str, Any], name: str | None, state: str) -> ExperimentRow:
     data = revision.get("data") or {}
-    rev = str(revision.get("rev") or "")
-    short = rev if rev == WORKSPACE else rev[:7]
+    rev = revision.get("rev")
     params: dict[str, Any] = {}
     for file, content in (data.get("params") or {}).items():
         prefix = "" if file == DEFAULT_PARAMS_FILE else f"{file}:"
@@ -145,7 +155,11 @@ def _row(revision: dict[str, Any], name: str | None, state: str) -> ExperimentRo
         file: flatten(content.get("data") or {}) for file, content in (data.get("metrics") or {}).items()
     }
     created = (data.get("timestamp") or "").replace("T", " ")[:16]
-    return ExperimentRow(name or short, short, created, state if state != "success" else "", params, metrics)
+    return ExperimentRow(name or _short(rev), state, rev, params, metrics, created)
+
+
+def _short(rev: str | None) -> str:
+    return rev if rev == WORKSPACE else (rev or "")[:7]
 
 
 def changed_params(rows: Sequence[ExperimentRow]) -> list[str]:
@@ -206,9 +220,13 @@ def text_table(comparison: Comparison, precision: int, width: int) -> str:
 
 def markdown_table(comparison: Comparison, precision: int) -> str:
     """A GitHub Markdown table, one line per row (for CI summaries)."""
-    lines = [_markdown_line(comparison.columns), "|" + "---|" * len(comparison.columns)]
-    lines += [_markdown_line(cells) for cells in comparison.cells(precision)]
-    return "\n".join(lines)
+    return markdown_grid(comparison.columns, comparison.cells(precision))
+
+
+def markdown_grid(heading: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """GitHub Markdown table lines: the heading, its rule, then each row; a `|` in a cell escaped."""
+    lines = [_markdown_line(heading), "|" + "---|" * len(heading)]
+    return "\n".join(lines + [_markdown_line(cells) for cells in rows])
 
 
 def _markdown_line(cells: Sequence[str]) -> str:

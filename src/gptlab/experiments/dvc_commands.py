@@ -6,24 +6,35 @@ finishes in between is never heard (pygit2 1.21, `_BlobIO.readinto`). On a busy 
 `dvc exp show` poll of a running sweep stalled so in each of two test runs. A stalled dvc uses no
 CPU where a slow one does, so a query that used none for `stall_after` seconds is stopped and asked
 again: a read changes nothing. `dvc queue status` reads no file out of git.
+
+`Dvc` runs them in one project and environment, and reads the answers of the read-only ones.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import re
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.experiments.compare import ExperimentRow
 
 DVC_CALL_TIMEOUT_S = 300.0  # one dvc command: one waiting on a lock would wait forever
 STALL_AFTER_S = 30.0  # a read-only dvc command that used no CPU this long has stalled
 QUERY_ATTEMPTS = 3  # stalled reads asked again, in all
+QUEUE_STATES = ("queued", "running", "success", "failed")  # a task's, in `dvc queue status`
 _PROGRESS_CPU_S = 0.05  # CPU seconds that count as work done, above a clock tick or two
 
 
@@ -125,3 +136,78 @@ def ask_dvc(
         return ask()
     except Stalled as stalled:
         raise GptlabError(f"{stalled}, {attempts} times in a row") from None
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """DVC's queue as `dvc queue status` has it: each task's state by experiment name, and its workers."""
+
+    states: dict[str, str]  # queued, running, success or failed
+    workers: tuple[int, int] | None  # (active, idle); None when it does not say
+
+
+@dataclass(frozen=True)
+class Dvc:
+    """dvc commands in one project and environment, each bounded; a failure is one line naming it."""
+
+    project: Path
+    env: Mapping[str, str]
+    dvc: str = "dvc"
+    timeout: float = DVC_CALL_TIMEOUT_S
+    stall_after: float = STALL_AFTER_S  # the read-only ones'
+
+    def __call__(self, *args: str) -> str:
+        """A command that changes the project: run once."""
+        return _checked(args, run_dvc(self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout))
+
+    def ask(self, *args: str) -> str:
+        """A read-only command: asked again when it stalls."""
+        asked = ask_dvc(
+            self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout, stall_after=self.stall_after
+        )
+        return _checked(args, asked)
+
+    def experiments(self) -> dict[str, ExperimentRow]:
+        """The experiments of HEAD, queued, running and done, by name (`dvc exp show --json`)."""
+        from gptlab.experiments.compare import experiments  # compare imports this module
+
+        return {
+            row.name: row
+            for entry in json.loads(self.ask("exp", "show", "--json") or "[]")
+            for row in experiments(entry)
+        }
+
+    def queue_status(self) -> QueueStatus:
+        """The queue's tasks and workers, read from no experiment's files.
+
+        Its table lists running tasks first, then queued, failed, succeeded: a name's first row is
+        its latest task.
+        """
+        said = self.ask("queue", "status")
+        states: dict[str, str] = {}
+        for line in said.splitlines()[1:]:  # below the heading: Task, Name, Created, Status
+            if len(cells := line.split()) >= 4 and (state := cells[-1].lower()) in QUEUE_STATES:
+                states.setdefault(cells[1], state)
+        workers = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", said)
+        return QueueStatus(states, (int(workers.group(1)), int(workers.group(2))) if workers else None)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM within the block are recorded, not acted on, so a dvc command in flight ends
+    on its own (`dvc exp run --queue` killed halfway can leave params.yaml with a variant's values)."""
+    received: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in held}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _checked(args: Sequence[str], done: Finished) -> str:
+    if done.code:
+        said = " / ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-3:])
+        raise GptlabError(f"{describe(args)} failed (exit {done.code}): {said}")
+    return done.stdout

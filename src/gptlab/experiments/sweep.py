@@ -1,67 +1,102 @@
-"""Sweeps: one stage's variants as queued DVC experiments, and the table that compares them.
+"""Sweeps: a sweep file's variants of one stage as queued DVC experiments, then the table comparing them.
 
-DVC does the work: `dvc exp run --queue --name <sweep>-<variant> -S ...` queues each variant, `dvc
-queue start --jobs N` runs them, `dvc queue status` says how each goes and `dvc exp show --json`
-what each did. What DVC cannot know stays here: the sweep file's schema, that its variants really
-differ, and the table in the book's words. A variant that sets no value for a key the sweep varies
-gets the one it would have anyway (params.yaml <- profile <- base), unless that is the profile's and
-one the sweep compares: then params.yaml's (or base's), so `last_block` trains the last block on the
-smoke profile too.
+DVC queues, runs and records the experiments. What it cannot know is here, one section each: the
+sweep file (its schema, that its variants differ), the queue (one sweep at a time, nothing left
+queued by a stop), the table in the book's words (its stage's columns named by the sweep file),
+and `gptlab sweep` going through them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import io
 import json
 import os
 import re
 import signal
 import subprocess
-import threading
+import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, TypeVar
 
-from gptlab.errors import GptlabError, InputError
-from gptlab.experiments.dvc_commands import (
-    DVC_CALL_TIMEOUT_S,
-    STALL_AFTER_S,
-    Finished,
-    ask_dvc,
-    describe,
-    run_dvc,
-)
-from gptlab.experiments.profiles import load_overrides, merge_overrides, named_yaml, set_arguments
+from gptlab.errors import GptlabError, InputError, describe_failure
+from gptlab.experiments import profiles
+from gptlab.experiments.compare import ExperimentRow, markdown_grid
+from gptlab.experiments.dvc_commands import Dvc, signals_held
+from gptlab.experiments.smoke import source_commit_env
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
-from gptlab.schema import ConfigError, FieldError, build, flatten, read_yaml, require
-from gptlab.tasks.config import Trainable
+from gptlab.pipeline.stage import Terminated, sigterm_stops
+from gptlab.schema import ConfigError, FieldError, build, flatten, nested, read_yaml, require
+from gptlab.tracking.runs import masked_uri, prepare_store, sweep_runs
 
 T = TypeVar("T")
 SWEEPS_DIR, SWEEP_REPORTS, SWEEP_LOCK = Path("sweeps"), REPORTS / "sweeps", Path(".gptlab") / "sweep.lock"
 QUEUE_TIMEOUT_S = 24 * 3600.0  # the default `gptlab sweep --timeout`
 POLL_ATTEMPTS = 5  # consecutive failed `dvc queue status` polls before the wait gives up
 DONE = ("success", "failed")  # the states a variant's experiment ends in
-QUEUE_STATES = ("queued", "running", *DONE)
+PRETRAIN_SOURCE = "pretrain"  # gpt2.source: every base model is this pipeline's models/pretrain
 _NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
 _OWN_KEYS = ("tracking.sweep", "tracking.sweep_variant")  # the sweep's and the variant's names
+
+# --------------------------------------------------------------------------- the sweep file
+
+
+@dataclass(frozen=True)
+class Column:
+    """A result: a value of a report of the variant's experiment, a DVC metrics file or its commit's."""
+
+    name: str  # in the CSV
+    title: str  # in the Markdown table
+    file: str
+    key: str  # dotted, in that JSON file
+    percent: bool = False  # a fraction, shown as a percentage
+
+
+@dataclass(frozen=True)
+class Described:
+    """A first column: a param's value in words (`{}` stands for the value)."""
+
+    param: str
+    words: dict[str | None, str] = field(default_factory=dict)  # by value
+    other: str = "{}"  # any other value's
+
+    def said(self, params: Mapping[str, Any]) -> str:
+        value = params.get(self.param)
+        return self.words.get(value, self.other).format(value)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A sweep file's `table:`, its stage's columns: what each variant ran with, in words, then its results."""
+
+    settings: list[str] = field(default_factory=list)  # the params those read: the CSV's first
+    trains: dict[str, str] = field(default_factory=dict)  # by <task>.trainable; {blocks}{s}, {rank}, {alpha}
+    described: dict[str, Described] = field(default_factory=dict)  # by title, after trains and base model
+    columns: list[Column] = field(default_factory=list)  # the results
+
+    def __post_init__(self) -> None:
+        for title, described in self.described.items():  # a row holds these params alone
+            require(
+                described.param in self.settings, f"described.{title}.param", "expected one of `settings`"
+            )
 
 
 @dataclass(frozen=True)
 class SweepFile:
-    """sweeps/<name>.yaml: a stage, overrides its variants share, the variants, one-line notes."""
+    """sweeps/<name>.yaml: a stage, overrides its variants share, the variants, notes, its table's columns."""
 
     stage: Literal["spam-finetune", "instruct-finetune"]
     variants: dict[str, dict[str, Any]]  # each overrides laid out like params.yaml
     base: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    table: Table | None = None  # none: the table shows the params that differ, no settings, no results
 
     def __post_init__(self) -> None:
         require(bool(self.variants), "variants", "expected a mapping of variant name to overrides")
@@ -92,7 +127,7 @@ class Sweep:
 
 def sweep_path(name_or_path: str | Path) -> Path:
     """A sweep file: the path itself, or sweeps/<name>.yaml for a bare name such as `spam`."""
-    return named_yaml(name_or_path, SWEEPS_DIR, "sweep file", "sweeps")
+    return profiles.named_yaml(name_or_path, SWEEPS_DIR, "sweep file", "sweeps")
 
 
 def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name: str | None = None) -> Sweep:
@@ -115,22 +150,31 @@ def load_sweep(path: Path, params_file: Path, profile: Path | None = None, name:
         )
 
     def typed(overrides: dict[str, Any], where: str) -> dict[str, Any]:
-        return flatten(_built(Params, merge_overrides(params, overrides), f"{path}: {where}"))
+        return flatten(_built(Params, profiles.merge_overrides(params, overrides), f"{path}: {where}"))
 
-    compared: dict[str, set[str]] = {}  # each swept key's values, as the schema reads them
+    own = {variant: flatten(changes) for variant, changes in spec.variants.items()}
+    swept: dict[str, set[str]] = {}  # each key some variant sets -> the values they set, as read
     for variant, changes in spec.variants.items():
         values = typed(changes, f"variants.{variant}")
-        for key in flatten(changes):
-            compared.setdefault(key, set()).add(_canonical(values.get(key)))
-    from_profile = load_overrides(profile, params_file) if profile else {}
-    common = merge_overrides(_nested(from_profile), spec.base)
-    usual, without = typed(common, "base"), typed(spec.base, "base")
-    replaced = set(from_profile) - set(flatten(spec.base))  # the profile's own: a swept value may replace it
-    restored = {k: without[k] for k in compared if k in replaced and _canonical(usual.get(k)) in compared[k]}
+        for key in own[variant]:
+            swept.setdefault(key, set()).add(_canonical(values.get(key)))
+    profiled = profiles.load_overrides(profile, params_file) if profile else {}
+    common = profiles.merge_overrides(nested(profiled), spec.base)
+    anyway, unprofiled = typed(common, "base"), typed(spec.base, "base")  # with and without the profile
+    if unknown := [key for key in (spec.table or Table()).settings if key not in anyway]:
+        raise ConfigError(f"{path}: table.settings: {unknown[0]!r} is not a param of params.yaml")
+    # A variant that sets no value for a swept key runs with the one it would have anyway, unless
+    # that is the profile's and some variant's: then with params.yaml's, so it is what its name says.
+    restored = {
+        key: unprofiled[key]
+        for key in swept
+        if key in profiled and key not in flatten(spec.base) and _canonical(anyway.get(key)) in swept[key]
+    }
+    pins = {key: restored.get(key, anyway[key]) for key in swept if key in anyway}
     variants, effective, seen = {}, {}, {}
     for variant, changes in spec.variants.items():
-        pins = {k: restored.get(k, usual[k]) for k in compared if k in usual and k not in flatten(changes)}
-        layered = merge_overrides(merge_overrides(common, _nested(pins)), changes)
+        unset = nested({key: value for key, value in pins.items() if key not in own[variant]})
+        layered = profiles.merge_overrides(profiles.merge_overrides(common, unset), changes)
         variants[variant], effective[variant] = flatten(layered), typed(layered, f"variants.{variant}")
         if (twin := seen.setdefault(_canonical(effective[variant]), variant)) != variant:
             on = f" on the {profile.stem} profile" if profile else ""
@@ -151,89 +195,7 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """{a.b: 1} -> {a: {b: 1}}: flat overrides laid out like params.yaml again."""
-    tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, last = key.split(".")
-        functools.reduce(lambda node, part: node.setdefault(part, {}), parents, tree)[last] = value
-    return tree
-
-
 # --------------------------------------------------------------------------- DVC's queue
-
-
-@dataclass(frozen=True)
-class Experiment:
-    """An experiment as `dvc exp show --json` has it."""
-
-    name: str
-    state: str  # its executor's: queued, running, success, failed ("" when DVC gives none)
-    rev: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # flat: what it ran with
-    metrics: dict[str, Any] = field(default_factory=dict)  # its DVC metrics files' data, by file
-
-
-@dataclass(frozen=True)
-class QueueStatus:
-    """DVC's queue as `dvc queue status` has it: each task's state by experiment name, and its workers."""
-
-    states: dict[str, str]  # queued, running, success or failed
-    workers: tuple[int, int] | None  # (active, idle); None when it does not say
-
-
-@dataclass(frozen=True)
-class Dvc:
-    """The dvc commands of a sweep, in the project and the experiments' environment, each bounded."""
-
-    project: Path
-    env: Mapping[str, str]
-    dvc: str = "dvc"
-    timeout: float = DVC_CALL_TIMEOUT_S
-    stall_after: float = STALL_AFTER_S  # the read-only ones (see dvc_commands)
-
-    def __call__(self, *args: str, check: bool = True) -> str:
-        done = run_dvc(self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout)
-        return self._checked(args, done) if check else done.stdout
-
-    def _ask(self, *args: str) -> str:
-        asked = ask_dvc(
-            self.dvc, args, cwd=self.project, env=self.env, timeout=self.timeout, stall_after=self.stall_after
-        )
-        return self._checked(args, asked)
-
-    @staticmethod
-    def _checked(args: Sequence[str], done: Finished) -> str:
-        if done.code:
-            said = " / ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-3:])
-            raise GptlabError(f"{describe(args)} failed (exit {done.code}): {said}")
-        return done.stdout
-
-    def experiments(self) -> dict[str, Experiment]:
-        """The experiments of HEAD, queued, running and done, by name."""
-        found = {}
-        for row in json.loads(self._ask("exp", "show", "--json") or "[]"):
-            for exp in row.get("experiments") or []:
-                rev, state = (exp.get("revs") or [{}])[0], (exp.get("executor") or {}).get("state") or ""
-                data, name = rev.get("data") or {}, exp.get("name") or rev.get("name") or ""
-                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
-                metrics = {file: (m or {}).get("data") for file, m in (data.get("metrics") or {}).items()}
-                found[name] = Experiment(name, state, rev.get("rev"), flatten(params), metrics)
-        return found
-
-    def queue_status(self) -> QueueStatus:
-        """The queue's tasks and workers: what the wait polls, as it reads no experiment's files.
-
-        Its table lists running tasks first, then queued, failed, succeeded: a name's first row is
-        its latest task.
-        """
-        said = self._ask("queue", "status")
-        states: dict[str, str] = {}
-        for line in said.splitlines()[1:]:  # below the heading: Task, Name, Created, Status
-            if len(cells := line.split()) >= 4 and (state := cells[-1].lower()) in QUEUE_STATES:
-                states.setdefault(cells[1], state)
-        workers = re.search(r"Worker status:\s*(\d+) active,\s*(\d+) idle", said)
-        return QueueStatus(states, (int(workers.group(1)), int(workers.group(2))) if workers else None)
 
 
 def sweep_lock(project: Path, name: str) -> contextlib.AbstractContextManager[None]:
@@ -252,73 +214,54 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.note = signum, note
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM within the block are recorded, not acted on, so a dvc command in flight ends
-    on its own (`dvc exp run --queue` killed halfway can leave params.yaml with a variant's values)."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
-        yield received
-        return
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in stops}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def queue(sweep: Sweep, dvc: Dvc, *, replace: bool = False) -> None:
     """Queue each variant with `dvc exp run --queue`; names taken already need `replace`.
 
     Stopped (SIGINT, SIGTERM) or failing halfway, it removes what it queued from DVC's queue, or
     says the command that does: a sweep's leftovers in the queue block its rerun.
     """
-    names = {sweep.experiment(v) for v in sweep.variants}
     queued: list[str] = []
     try:
-        with _signals_held() as received:
-            for _attempt in range(5):  # DVC queues a name twice (it checks finished experiments only)
-                if not (taken := sorted(names & (found := dvc.experiments()).keys())):
-                    break
-                if running := [name for name in taken if found[name].state == "running"]:
-                    raise GptlabError(
-                        f"experiments {', '.join(running)} are running: wait for them (`dvc queue status`) or stop them (`dvc queue kill NAME`) first"
-                    )
-                if not replace:
-                    waiting = [name for name in taken if found[name].state == "queued"]
-                    left = f" ({', '.join(waiting)} queued, never run: a stopped sweep's; `dvc queue remove {' '.join(waiting)}` removes them)"
-                    raise GptlabError(
-                        f"experiments named {', '.join(taken)} exist already{left if waiting else ''}: pass --replace to remove them and run the sweep again, or --name to run it under another name"
-                    )
-                dvc("exp", "remove", *taken)
-                print(f"removed the earlier {', '.join(taken)}", flush=True)
-            else:
-                raise GptlabError(
-                    f"could not remove the earlier experiments named {', '.join(sorted(names))}"
-                )
+        with signals_held() as received:
+            _free_names(sweep, dvc, replace)
             for variant, overrides in sweep.variants.items():
                 if received:
                     break
-                own = set_arguments(
-                    {**overrides, "tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
-                )
-                dvc("exp", "run", "--queue", "--name", sweep.experiment(variant), *own, sweep.file.stage)
-                queued.append(sweep.experiment(variant))
-                shown = " ".join(
-                    f"{k}={json.dumps(v)}" for k, v in flatten(sweep.file.variants[variant]).items()
-                )
-                print(f"queued {sweep.experiment(variant)}: {shown or 'the base settings'}", flush=True)
-        if received:
-            raise Stopped(received[0])
-    except (GptlabError, Stopped) as exc:
+                name, own = sweep.experiment(variant), flatten(sweep.file.variants[variant])
+                tags = {"tracking.sweep": sweep.name, "tracking.sweep_variant": variant}
+                arguments = profiles.set_arguments(overrides | tags)
+                dvc("exp", "run", "--queue", "--name", name, *arguments, sweep.file.stage)
+                queued.append(name)
+                said = " ".join(f"{key}={json.dumps(value)}" for key, value in own.items())
+                print(f"queued {name}: {said or 'the base settings'}", flush=True)
+    except GptlabError as exc:
         if not queued:
             raise
-        note = _withdraw(dvc, queued)
-        if isinstance(exc, Stopped):
-            raise Stopped(exc.signum, note) from None
-        raise GptlabError(f"{exc}; {note}") from None
+        raise GptlabError(f"{exc}; {_withdraw(dvc, queued)}") from None
+    if received:
+        raise Stopped(received[0], _withdraw(dvc, queued)) if queued else Stopped(received[0])
+
+
+def _free_names(sweep: Sweep, dvc: Dvc, replace: bool) -> None:
+    """Remove the earlier experiments of the sweep's names (`replace`), else refuse: DVC would queue a
+    name twice, as it checks finished experiments only."""
+    names = {sweep.experiment(variant) for variant in sweep.variants}
+    for _attempt in range(5):
+        if not (taken := sorted(names & (found := dvc.experiments()).keys())):
+            return
+        if running := [name for name in taken if found[name].state == "running"]:
+            raise GptlabError(
+                f"experiments {', '.join(running)} are running: wait for them (`dvc queue status`) or stop them (`dvc queue kill NAME`) first"
+            )
+        if not replace:
+            waiting = [name for name in taken if found[name].state == "queued"]
+            left = f" ({', '.join(waiting)} queued, never run: a stopped sweep's; `dvc queue remove {' '.join(waiting)}` removes them)"
+            raise GptlabError(
+                f"experiments named {', '.join(taken)} exist already{left if waiting else ''}: pass --replace to remove them and run the sweep again, or --name to run it under another name"
+            )
+        dvc("exp", "remove", *taken)
+        print(f"removed the earlier {', '.join(taken)}", flush=True)
+    raise GptlabError(f"could not remove the earlier experiments named {', '.join(sorted(names))}")
 
 
 def _withdraw(dvc: Dvc, queued: Sequence[str]) -> str:
@@ -335,13 +278,13 @@ def _withdraw(dvc: Dvc, queued: Sequence[str]) -> str:
 
 def run_queue(
     sweep: Sweep, dvc: Dvc, *, jobs: int, poll_seconds: float = 5.0, timeout: float = QUEUE_TIMEOUT_S
-) -> dict[str, Experiment]:
+) -> dict[str, ExperimentRow]:
     """`dvc queue start --jobs N`, then wait until every variant succeeded or failed, saying each change.
 
     It polls `dvc queue status` and reads the experiments (`dvc exp show`) once, at the end. Fails
     after `timeout` seconds (the experiments go on) or when the queue has no worker left for them.
     """
-    names = [sweep.experiment(v) for v in sweep.variants]
+    names = [sweep.experiment(variant) for variant in sweep.variants]
     dvc("queue", "start", "--jobs", str(jobs))
     started, seen, idle_polls, failed_polls = time.monotonic(), dict.fromkeys(names, ""), 0, 0
     while True:
@@ -374,102 +317,55 @@ def run_queue(
 # --------------------------------------------------------------------------- the table
 
 
-class Column(NamedTuple):
-    """A value of a variant's row, from a report of its experiment: a DVC metrics file or its commit's."""
-
-    name: str  # in the CSV
-    title: str  # in the Markdown table
-    file: str
-    key: str  # dotted, in that JSON file
-    percent: bool = False  # a fraction, shown as a percentage
-
-
-STAGE_COLUMNS: dict[str, tuple[Column, ...]] = {
-    "spam-finetune": (
-        Column("trainable_params", "trainable params", "reports/spam/counts.json", "trainable_params"),
-        Column("train_accuracy", "train acc", "reports/spam/metrics.json", "train.accuracy", True),
-        Column("val_accuracy", "val acc", "reports/spam/metrics.json", "val.accuracy", True),
-        Column("test_accuracy", "test acc", "reports/spam/metrics.json", "test.accuracy", True),
-    ),
-    "instruct-finetune": (
-        Column("trainable_params", "trainable params", "reports/instruct/counts.json", "trainable_params"),
-        Column("val_loss", "val loss", "reports/instruct/metrics.json", "val_loss"),
-        Column("test_loss", "test loss", "reports/instruct/metrics.json", "test_loss"),
-        Column("rougeL_f1", "ROUGE-L F1", "reports/instruct/metrics.json", "rougeL_f1"),
-    ),
-}
-# The params the settings read, which the CSV holds as they are: the table's first columns.
-SETTING_KEYS = {
-    "spam-finetune": (
-        *("spam.trainable", "spam.trainable_blocks", "spam.lora.rank", "spam.lora.alpha"),  # trains
-        *("spam.base_model", "spam.base_weights", "gpt2.source", "spam.pooling", "spam.max_length"),
-    ),
-    "instruct-finetune": (
-        *("instruct.trainable", "instruct.lora.rank", "instruct.lora.alpha"),  # trains
-        *("instruct.base_model", "gpt2.source", "instruct.allowed_max_length"),
-    ),
-}
-TRAINS: dict[Trainable, str] = {
-    "head": "the new head only",
-    "last_blocks": "last {blocks} block{s} + final norm + head",
-    "all": "every weight",
-    "lora": "LoRA rank {rank}, alpha {alpha}",
-}
-PRETRAIN_SOURCE = "pretrain"  # gpt2.source: every base model is this pipeline's models/pretrain
-
-
-def settings(stage: str, p: Mapping[str, Any]) -> dict[str, str]:
+def settings(sweep: Sweep, p: Mapping[str, Any]) -> dict[str, str]:
     """What a variant ran with, in the chapter's words, by column title: the table's first columns."""
-    task = stage.removesuffix("-finetune")
+    if (table := sweep.file.table) is None:
+        return {}
+    task = sweep.file.stage.removesuffix("-finetune")
     trainable, blocks = p.get(f"{task}.trainable"), p.get(f"{task}.trainable_blocks")
     lora = {"rank": p.get(f"{task}.lora.rank"), "alpha": p.get(f"{task}.lora.alpha")}
-    trains = TRAINS.get(trainable, str(trainable)).format(blocks=blocks, s="" if blocks == 1 else "s", **lora)
+    plural = "" if blocks == 1 else "s"
+    trains = table.trains.get(trainable, str(trainable)).format(blocks=blocks, s=plural, **lora)
     name = p.get(f"{task}.base_model")
     # load-gpt2 converts this pipeline's own pretrained model under every base model's name
     model = f"models/pretrain (as {name})" if p.get("gpt2.source") == PRETRAIN_SOURCE else f"OpenAI's {name}"
     model += ": its architecture, random weights" if p.get(f"{task}.base_weights") == "random" else ""
-    described = {"trains": trains, "base model": model}
-    if task == "instruct":
-        return described | {"max length": f"{p.get('instruct.allowed_max_length')} tokens"}
-    words = {None: "longest training message", "context": "the model's context"}  # spam.max_length's
-    length = words.get(p.get("spam.max_length"), f"{p.get('spam.max_length')} tokens")
-    return described | {"pooling": str(p.get("spam.pooling")), "max length": length}
+    described = {title: d.said(p) for title, d in table.described.items()}
+    return {"trains": trains, "base model": model, **described}
 
 
 def collect(
-    sweep: Sweep, found: Mapping[str, Experiment], project: Path, runs: Mapping[str, Mapping[str, Any]]
+    sweep: Sweep, found: Mapping[str, ExperimentRow], project: Path, runs: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The table's rows: each variant's experiment and state, its params, its stage's values, its time.
+    """The table's rows: each variant's experiment and state, its params, its results, its time.
 
     The params (the dotted keys) are what it ran with (not run: what it will): those the settings
     read, then the others some variant sets whose values differ between the rows.
     """
     named = {variant: sweep.experiment(variant) for variant in sweep.variants}
-    exps = {variant: found.get(name) or Experiment(name, "missing") for variant, name in named.items()}
+    exps = {variant: found.get(name) or ExperimentRow(name, "missing") for variant, name in named.items()}
     params = {variant: exp.params or sweep.effective[variant] for variant, exp in exps.items()}
-    keys = list(SETTING_KEYS[sweep.file.stage])
-    for key in dict.fromkeys(k for overrides in sweep.variants.values() for k in overrides):
+    table, rows = sweep.file.table or Table(), []
+    keys = list(table.settings)
+    for key in dict.fromkeys(key for overrides in sweep.variants.values() for key in overrides):
         if key not in keys and len({_canonical(p.get(key, "<unset>")) for p in params.values()}) > 1:
             keys.append(key)
-    rows = []
     for variant, exp in exps.items():
         row = {"variant": variant, "experiment": exp.name, "status": exp.state or "unknown"}
         row |= {key: params[variant].get(key) for key in keys}
-        for column in STAGE_COLUMNS[sweep.file.stage]:
-            value = None
-            if exp.state == "success":
-                value = exp.metrics.get(column.file) or _report_at(project, exp.rev, column.file)
-            for part in column.key.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-            row[column.name] = value
+        for column in table.columns:
+            report = _report(project, exp, column.file) if exp.state == "success" else None
+            row[column.name] = flatten(report).get(column.key) if isinstance(report, dict) else None
         run = runs.get(variant) or {}
         rows.append(row | {"wall_seconds": run.get("wall_seconds"), "mlflow_run_id": run.get("run_id")})
     return rows
 
 
-def _report_at(project: Path, rev: str | None, file: str) -> Any:
-    """A JSON report as the experiment's commit holds it (a stage's plain output, no DVC metric)."""
-    shown = subprocess.run(["git", "show", f"{rev}:{file}"], cwd=project, capture_output=True, text=True)
+def _report(project: Path, exp: ExperimentRow, file: str) -> Any:
+    """A JSON report of an experiment: a DVC metrics file, else as its commit holds it (a plain output)."""
+    if exp.metrics.get(file):
+        return exp.metrics[file]
+    shown = subprocess.run(["git", "show", f"{exp.rev}:{file}"], cwd=project, capture_output=True, text=True)
     with contextlib.suppress(json.JSONDecodeError):
         return json.loads(shown.stdout) if shown.returncode == 0 else None
     return None
@@ -485,21 +381,16 @@ def coincidences(sweep: Sweep, params: Mapping[str, Mapping[str, Any]]) -> list[
         f"The `{sweep.profile}` profile's `{key}` is a setting this sweep compares: the variants that set no `{key}` take params.yaml's `{json.dumps(value)}` instead, so each row is the variant its name says."
         for key, value in sweep.profile_overridden.items()
     ]
-    base_model, groups = f"{sweep.file.stage.removesuffix('-finetune')}.base_model", {}
-    for variant, values in params.items():
+    base_model, alike = f"{sweep.file.stage.removesuffix('-finetune')}.base_model", {}
+    for variant, values in params.items():  # grouped by their params but the base model's name
         if values.get("gpt2.source") == PRETRAIN_SOURCE:
-            rest = _canonical({key: value for key, value in values.items() if key != base_model})
-            groups.setdefault(rest, []).append(variant)
-    for group in (group for group in groups.values() if len(group) > 1):
-        said.append(
-            f"{' and '.join(f'`{v}`' for v in group)} train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
-        )
-    return said
+            alike.setdefault(_canonical({**values, base_model: None}), []).append(f"`{variant}`")
+    same = "train the same model: with `gpt2.source: pretrain` every base model is this pipeline's own models/pretrain, converted by load-gpt2 under each name."
+    return said + [f"{' and '.join(group)} {same}" for group in alike.values() if len(group) > 1]
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csv.writer(buffer := io.StringIO(), lineterminator="\n")
     writer.writerows([list(rows[0]), *(map(_csv_value, row.values()) for row in rows)])
     return buffer.getvalue()
 
@@ -511,18 +402,17 @@ def _csv_value(value: Any) -> str:
 
 
 def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str | None, csv_name: str) -> str:
-    stage, notes, columns = sweep.file.stage, sweep.file.notes, STAGE_COLUMNS[sweep.file.stage]
-    others = [key for key in rows[0] if "." in key and key not in SETTING_KEYS[stage]]  # params: dotted keys
-    header = ["variant", *settings(stage, rows[0]), *(f"`{key}`" for key in others)]
-    table = [[*header, *(c.title for c in columns), "training time", "status", *(["note"] if notes else [])]]
+    stage, notes, table = sweep.file.stage, sweep.file.notes, sweep.file.table or Table()
+    others = [key for key in rows[0] if "." in key and key not in table.settings]  # params: dotted keys
+    heading = ["variant", *settings(sweep, rows[0]), *(f"`{key}`" for key in others)]
+    heading += [*(column.title for column in table.columns), "training time", "status"]
+    cells = []
     for row in rows:
         logs = f" (`dvc queue logs {row['experiment']}`)" if row["status"] == "failed" else ""
         took = "—" if row["wall_seconds"] is None else f"{row['wall_seconds']:.1f} s"
-        cells = [f"`{row['variant']}`", *settings(stage, row).values(), *map(_md_param, map(row.get, others))]
-        cells += [*(_md_number(row[c.name], c.percent) for c in columns), took, row["status"] + logs]
-        table.append(cells + ([notes.get(row["variant"], "")] if notes else []))
-    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in table]
-    lines.insert(1, "|" + "---|" * len(table[0]))
+        line = [f"`{row['variant']}`", *settings(sweep, row).values(), *map(_md_param, map(row.get, others))]
+        line += [*(_md_number(row[c.name], c.percent) for c in table.columns), took, row["status"] + logs]
+        cells.append(line + ([notes.get(row["variant"], "")] if notes else []))
     on = f" on the `{sweep.profile}` profile" if sweep.profile else ""
     done = sum(row["status"] == "success" for row in rows)
     params = {row["variant"]: {key: value for key, value in row.items() if "." in key} for row in rows}
@@ -532,7 +422,7 @@ def to_markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]], *, commit: str 
         f"Written by `gptlab sweep` from `{sweep.source.as_posix()}`{on}; baseline commit {commit or 'unknown'}; {done} of {len(rows)} variants succeeded. The same rows, with full precision and every param as it is, are in `{csv_name}`.",
         f"Each row is one DVC experiment, `{sweep.name}-<variant>` in `dvc exp show`. Its {stage} run in MLflow is tagged `gptlab.sweep = {sweep.name}` and named `{stage}/<variant>`: filter the runs with `tags.gptlab.sweep = '{sweep.name}'` and press Compare to see their params and curves side by side. The first columns are what each variant ran with (its params.yaml, profile and overrides together), then the other params that differ between variants; trainable params counts what the optimizer updated (LoRA: the adapters only); training time is the training loop's wall time, from the MLflow run (it varies run to run).",
         *coincidences(sweep, params),
-        "\n".join(lines),
+        markdown_grid(heading + (["note"] if notes else []), cells),
     ]
     return "\n\n".join(filter(None, paragraphs)) + "\n"
 
@@ -548,12 +438,90 @@ def _md_number(value: Any, percent: bool) -> str:
 
 
 def write_table(
-    sweep: Sweep, rows: Sequence[Mapping[str, Any]], out_dir: Path, *, commit: str | None
+    sweep: Sweep, rows: Sequence[Mapping[str, Any]], out: Path, *, commit: str | None
 ) -> tuple[Path, Path]:
-    """<out_dir>/<sweep>.csv and .md, each replaced in one step."""
-    csv_path, md_path = out_dir / f"{sweep.name}.csv", out_dir / f"{sweep.name}.md"
+    """<out>/<sweep>.csv and .md, each replaced in one step."""
+    csv_path, md_path = out / f"{sweep.name}.csv", out / f"{sweep.name}.md"
     markdown = to_markdown(sweep, rows, commit=commit, csv_name=csv_path.name)
     for path, text in ((csv_path, to_csv(rows)), (md_path, markdown)):
         with atomic_path(path) as tmp:
             tmp.write_text(text, encoding="utf-8")
     return csv_path, md_path
+
+
+# --------------------------------------------------------------------------- `gptlab sweep`
+
+
+def run(
+    file: str,
+    profile: str | None,
+    name: str | None,
+    *,
+    jobs: int,
+    replace: bool,
+    collect_only: bool,
+    timeout: float,
+    out: Path | None,
+) -> int:
+    """`gptlab sweep`: queue the variants and wait for them (unless `collect_only`), then write their table.
+
+    The exit code: 0 once every variant succeeded, 1 if one did not, 128 + the signal that stopped it.
+    """
+    if not ((project := Path.cwd()) / "dvc.yaml").is_file():
+        raise GptlabError("dvc.yaml not found: run `gptlab sweep` from the project root")
+    head = ["git", "rev-parse", "--short", "HEAD"]
+    if not (commit := subprocess.run(head, cwd=project, capture_output=True, text=True).stdout.strip()):
+        raise GptlabError(
+            "gptlab sweep runs DVC experiments, which start from a git commit: run it in a git repository with at least one commit"
+        )
+    path, profile_file = sweep_path(file), profiles.profile_path(profile) if profile else None
+    sweep = load_sweep(path, project / "params.yaml", profile_file, name)
+    env = {**profiles.experiment_env(project), **source_commit_env(project)}
+    dvc = Dvc(project, env, profiles.dvc_executable())
+    print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.file.stage} from {path}", flush=True)
+    for note in coincidences(sweep, sweep.effective):
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if collect_only:
+        found = dvc.experiments()
+    else:
+        waiting = False
+        try:  # SIGTERM stops it as Ctrl-C does; the lock first: a second sweep is refused at once
+            with sigterm_stops(), sweep_lock(project, sweep.name):
+                # The MLflow store and experiments exist before stages log to them in parallel (the
+                # experiments' store is this process's: MLFLOW_TRACKING_URI, else the project's).
+                prepare_store(sorted({str(p["tracking.experiment"]) for p in sweep.effective.values()}))
+                queue(sweep, dvc, replace=replace)
+                waiting = True
+                found = run_queue(sweep, dvc, jobs=jobs, timeout=timeout)
+        except Stopped as stop:
+            print(f"\nstopped by {stop} while queuing the variants: {stop.note}", file=sys.stderr)
+            return 128 + stop.signum
+        except KeyboardInterrupt as stop:
+            said = (
+                f"stopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with `dvc queue kill NAME`); `gptlab sweep {file} --name {sweep.name} --collect` writes the table once they are done"
+                if waiting
+                else "stopped before any variant was queued"
+            )
+            print(f"\n{said}", file=sys.stderr)
+            return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+    rows = collect(sweep, found, project, _training_times(sweep, found))
+    csv_path, md_path = write_table(sweep, rows, out or SWEEP_REPORTS, commit=commit)
+    print(f"\nwrote {md_path} and {csv_path}")
+    print(
+        f"compare them with `dvc exp show` (experiments {sweep.name}-*) or in the MLflow UI: filter `tags.gptlab.sweep = '{sweep.name}'`"
+    )
+    for row in (failed := [row for row in rows if row["status"] != "success"]):
+        hint = f"`dvc queue logs {row['experiment']}`" if row["status"] == "failed" else "not run"
+        print(f"variant {row['variant']}: {row['status']} ({hint})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _training_times(sweep: Sweep, found: Mapping[str, ExperimentRow]) -> dict[str, dict[str, Any]]:
+    """Each variant's MLflow run and training time; without them the table is written all the same."""
+    ran = sorted({str(e.params.get("tracking.experiment")) for e in found.values() if e.params})
+    try:
+        return sweep_runs(ran, sweep.name, sweep.file.stage) if ran else {}
+    except Exception as exc:  # noqa: BLE001 - the table without the times rather than no table
+        reason = describe_failure(exc) or f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        print(f"warning: no training times from MLflow ({masked_uri(reason)})", file=sys.stderr)
+        return {}
