@@ -56,7 +56,7 @@ from gptlab.tasks.config import InstructConfig
 from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
 from gptlab.tasks.judge import check_judge, judge_all, summarize
 from gptlab.tasks.responses import answer_room, generate_responses, prompt_ids, rouge_l
-from gptlab.tracking.runs import StageRun
+from gptlab.tracking.buffered_run import StageRun
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.loop import TrainResult, require_one_batch
 from gptlab.training.losses import dataset_loss

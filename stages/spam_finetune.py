@@ -62,7 +62,7 @@ from gptlab.tasks.classifier import (
 from gptlab.tasks.config import SpamConfig
 from gptlab.tasks.fine_tune import adds_lora, require_language_model
 from gptlab.tasks.frozen_trunk import FrozenTrunk, spam_trunk
-from gptlab.tracking.runs import StageRun, section
+from gptlab.tracking.buffered_run import StageRun, section
 from gptlab.training.data_order import evaluation_loader
 from gptlab.training.loop import TrainResult, require_one_batch
 from gptlab.training.resume import RUNS_DIR

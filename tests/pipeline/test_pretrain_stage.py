@@ -27,7 +27,7 @@ from gptlab.pipeline.params import load_params
 from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import ConfigError
 from gptlab.tracking.lineage import weights_sha256
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.store import tracking_uri
 from stages import pretrain as pretrain_stage
 
 import helpers

@@ -17,7 +17,7 @@ from gptlab.model.checkpoint import read_config
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tracking.lineage import dvc_md5, weights_sha256
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.store import tracking_uri
 from stages import instruct_finetune, load_gpt2, pretrain
 
 from helpers import committed_params_raw

@@ -34,8 +34,9 @@ from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import classify_texts, make_classifier
+from gptlab.tracking.buffered_run import NULL_RUN, StageRun
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import NULL_RUN, StageRun, stage_run
+from gptlab.tracking.runs import stage_run
 
 from helpers import PROJECT_ROOT, committed_params, flip_tensor_bits, invoke, served_model, small_disk
 

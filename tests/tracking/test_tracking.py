@@ -26,8 +26,10 @@ from gptlab.errors import GptlabError
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
+from gptlab.tracking.buffered_run import NULL_RUN
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
-from gptlab.tracking.runs import NULL_RUN, run_title, stage_run, tracking_uri
+from gptlab.tracking.runs import run_title, stage_run
+from gptlab.tracking.store import tracking_uri
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import fit
 from gptlab.training.losses import next_token_loss

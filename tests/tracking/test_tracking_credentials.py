@@ -13,7 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main
-from gptlab.tracking.runs import TrackingLost, masked_uri, stage_run
+from gptlab.tracking.runs import stage_run
+from gptlab.tracking.store import TrackingLost, masked_uri
 
 from helpers import (
     PROJECT_ROOT,

@@ -22,7 +22,8 @@ from gptlab.experiments import sweep as sweeps
 from gptlab.experiments.profiles import dvc_executable, experiment_env, profile_path
 from gptlab.experiments.smoke import source_commit_env
 from gptlab.pipeline.stage import Terminated, sigterm_stops
-from gptlab.tracking.runs import masked_uri, prepare_store, sweep_runs
+from gptlab.tracking.store import masked_uri, prepare_store
+from gptlab.tracking.sweep_runs import sweep_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

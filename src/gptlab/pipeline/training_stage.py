@@ -26,8 +26,9 @@ from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import flatten
 from gptlab.tasks.config import LoraConfig, Trainable
 from gptlab.tasks.fine_tune import adds_lora
+from gptlab.tracking.buffered_run import StageRun, section
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import StageRun, section, stage_run
+from gptlab.tracking.runs import stage_run
 from gptlab.training.config import TrainConfig
 from gptlab.training.distributed import is_main
 from gptlab.training.loop import TrainResult, fit

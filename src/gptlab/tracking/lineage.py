@@ -4,7 +4,7 @@ A run's tags name its git commit (and dirty state), the `dvc repro` it belongs t
 its host and pid, a hash of its params and the DVC experiment. The datasets it
 read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
 its weights, by which a run that starts from that checkpoint finds (and links)
-the run that wrote it. The functions here build tags and inputs; `tracking.StageRun`
+the run that wrote it. The functions here build tags and inputs; `tracking.buffered_run.StageRun`
 logs them.
 """
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gptlab.environment import PIPELINE_RUN_ENV, SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
 from gptlab.tracking.ui import ui_link
 
-if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.imported_mlflow says why)
+if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.store.imported_mlflow says why)
     from mlflow.entities import DatasetInput
     from mlflow.tracking import MlflowClient
 
@@ -112,7 +112,7 @@ def dataset_input(
     The digest is what DVC writes to dvc.lock for the path (see `dvc_md5`), computed here
     because dvc.lock's entry for a stage's dependency is only updated after the stage has run.
     """
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path)

@@ -3,7 +3,7 @@
 Each training stage's checkpoint becomes a pyfunc model of its run, registered as a
 new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
 `champion` alias at one version, and `downloaded_model` fetches a logged model's
-files for the CLI. The registry is the tracking store's (`tracking.tracking_uri`).
+files for the CLI. The registry is the tracking store's (`tracking.store.tracking_uri`).
 A checkpoint is logged only once it matches its manifest (which it carries along), and
 a model whose files cannot all be written (a full disk) leaves none behind.
 """
@@ -21,8 +21,8 @@ from types import ModuleType
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.tracking.runs import (
-    StageRun,
+from gptlab.tracking.buffered_run import StageRun
+from gptlab.tracking.store import (
     StoreError,
     check_reachable,
     imported_mlflow,
@@ -95,7 +95,7 @@ def _log_model(
     # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
     pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.models import Model
 
     vocab_bpe, encoder_json = bpe_files
@@ -136,7 +136,7 @@ def _unwritten_model(mlflow: ModuleType, run: StageRun, kind: str, exc: OSError)
     MLflow has marked the model FAILED; one of this run's FAILED models only, never another's.
     It writes the model into a temporary folder first, then copies that into the artifact store.
     """
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.entities import LoggedModelStatus
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
@@ -179,7 +179,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
     params in its signature (max_new_tokens, ...).
     """
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
@@ -213,7 +213,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:
     """Point `alias` of registered model `name` at `version`; returns the models:/NAME@ALIAS URI."""
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()
