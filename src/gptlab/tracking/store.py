@@ -10,22 +10,17 @@ imported on first use (`imported_mlflow`).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
 import os
 import re
 import sqlite3
-import ssl
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gptlab.environment import VERBOSE_ENV
 from gptlab.errors import GptlabError
@@ -39,7 +34,7 @@ DEFAULT_DB = "mlflow.db"
 # Seconds to wait for a tracking server to answer: before a stage starts, and for its unsent logging at its end.
 TIMEOUT_ENV = "GPTLAB_TRACKING_TIMEOUT"
 # The REST call that tells an MLflow tracking server from any other HTTP server.
-_PROBE = "api/2.0/mlflow/experiments/search?max_results=1"
+_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
 # The experiment tag MLflow's UI reads to open an experiment as "Model training", not GenAI.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
@@ -63,22 +58,18 @@ def check_reachable(uri: str) -> None:
         return
     timeout = tracking_timeout()
     try:
-        with _get(uri, _PROBE, timeout) as response:
-            status, body = response.status, response.read(1 << 16)
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            return
-        status, body = exc.code, exc.read(1 << 16)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
+        status, body = _ask(uri, _PROBE, timeout)
+    except ConnectionError as exc:
         raise GptlabError(
-            f"MLflow tracking server {masked_uri(uri)} is unreachable ({reason}; waited up to {timeout:g} s, "
+            f"MLflow tracking server {masked_uri(uri)} is unreachable ({exc}; waited up to {timeout:g} s, "
             f"set {TIMEOUT_ENV} to wait longer): start it, or unset MLFLOW_TRACKING_URI to log to the "
             "local store (mlflow.db)"
         ) from None
+    if status in (401, 403):
+        return
     if not _mlflow_answer(body):
         raise GptlabError(
-            f"MLFLOW_TRACKING_URI {masked_uri(uri)} answers, but not as an MLflow tracking server (GET /{_PROBE.split('?')[0]}: "
+            f"MLFLOW_TRACKING_URI {masked_uri(uri)} answers, but not as an MLflow tracking server (GET {_PROBE.split('?')[0]}: "
             f"HTTP {status}): point it at an `mlflow server`, or unset it to log to the local store (mlflow.db)"
         )
 
@@ -112,36 +103,42 @@ def _mlflow_answer(body: bytes) -> bool:
     return isinstance(answer, dict) and (not answer or "experiments" in answer or "error_code" in answer)
 
 
-def _get(uri: str, path: str, timeout: float) -> Any:
-    """GET `path` of the server at `uri` with the credentials MLflow would send, opened as urllib does.
+def _ask(uri: str, endpoint: str, timeout: float) -> tuple[int, bytes]:
+    """The status and the first 64 KiB of the body of GET `endpoint`, asked once of the server at `uri`.
 
-    MLflow (through requests) takes `user:password@` from the URI, else MLFLOW_TRACKING_USERNAME and
-    PASSWORD, or MLFLOW_TRACKING_TOKEN; urllib would read the userinfo as part of the host. Its TLS
-    settings (MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH) are kept too.
+    Asked through MLflow's own REST client, so as MLflow's calls ask: with `user:password@` from
+    the URI, else MLFLOW_TRACKING_USERNAME and PASSWORD, or MLFLOW_TRACKING_TOKEN, and its TLS
+    settings (MLFLOW_TRACKING_INSECURE_TLS, _SERVER_CERT_PATH, _CLIENT_CERT_PATH). A server that
+    does not answer is a ConnectionError saying why, in the socket's words ("[Errno 111] Connection
+    refused", "timed out"), not the client's paragraph around them.
     """
-    parts = urllib.parse.urlsplit(uri)
-    netloc = parts.netloc.rpartition("@")[2]
-    request = urllib.request.Request(
-        urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"{parts.path.rstrip('/')}/{path}"))
-    )
-    user = (
-        urllib.parse.unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
-    )
-    password = (
-        urllib.parse.unquote(parts.password) if parts.password else os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    )
-    if user and password:
-        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
-        request.add_header("Authorization", f"Basic {basic}")
-    elif token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
-        request.add_header("Authorization", f"Bearer {token}")
-    context = None
-    if parts.scheme == "https":
-        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
-            context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
-        elif cert := os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
-            context = ssl.create_default_context(cafile=cert)
-    return urllib.request.urlopen(request, timeout=timeout, context=context)  # noqa: S310 - http(s) only
+    imported_mlflow()  # quieted, with its passwords masked, before its client can log
+    # mlflow on first use: see imported_mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        response = http_request(
+            get_default_host_creds(uri),
+            endpoint,
+            "GET",
+            max_retries=0,
+            retry_codes=(),
+            timeout=timeout,
+            stream=True,
+        )
+    except MlflowException as exc:
+        raise ConnectionError(masked_uri(str(_innermost(exc)))) from None
+    with response:
+        return response.status_code, response.raw.read(1 << 16, decode_content=True)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first cause of `exc`: what failed underneath the errors that wrapped it."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    return exc
 
 
 def tracking_timeout() -> float:
@@ -284,10 +281,8 @@ def server_lost(exc: BaseException) -> bool:
 def server_answers(uri: str) -> bool:
     """Whether the server at `uri` answers HTTP at all (a quick look, before sending kept logging)."""
     try:
-        _get(uri, "health", timeout=2).close()
-    except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):
+        _ask(uri, "/health", timeout=2)
+    except ConnectionError:
         return False
     return True
 
