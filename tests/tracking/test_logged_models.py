@@ -1,7 +1,8 @@
 """Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
 
-Each test logs tiny checkpoints through `registry.log_model` into its own SQLite
-store (the conftest fixture), then reads them back as a user would: with
+Each test logs tiny checkpoints through `registry.log_model`, as the pyfunc models of
+gptlab.serving.pyfunc_models, into its own SQLite store (the conftest fixture), then
+reads them back as a user would: with
 `mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
 and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
 """
@@ -33,6 +34,7 @@ from gptlab.model.checkpoint import (
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
+from gptlab.serving.pyfunc_models import BadModelInput, model_spec
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.buffered_run import NULL_RUN, StageRun
 from gptlab.tracking.registry import log_model
@@ -74,18 +76,25 @@ def load_in_clean_process(uri: str, frame: dict, tmp_path: Path, params: dict | 
     return result["predictions"]
 
 
-def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
-    """log_model's experiment and GPT-2's BPE files (in the test inputs, where the committed params say)."""
+def log(
+    tracker: StageRun,
+    kind: str,
+    checkpoint: Path,
+    shared_data: Path,
+    defaults: dict[str, Any] | None = None,
+    headline: dict[str, float] | None = None,
+) -> str | None:
+    """log_model of a checkpoint into experiment gptlab, served as a stage serves it, with GPT-2's BPE
+    files from the test inputs (where the committed params say)."""
     sources = committed_params().data.sources
     bpe = (shared_data / sources.gpt2_vocab_bpe.path, shared_data / sources.gpt2_encoder_json.path)
-    return {"experiment": experiment, "bpe_files": bpe}
+    spec = model_spec(kind, checkpoint, bpe, defaults)
+    return log_model(tracker, kind, spec, experiment="gptlab", headline=headline or {})
 
 
 def log_spam(tracker: StageRun, checkpoint: Path, shared_data: Path) -> str | None:
     """log_model of a spam checkpoint into experiment gptlab, with no defaults or headline figures."""
-    return log_model(
-        tracker, "spam", checkpoint, **logged_to("gptlab", shared_data), defaults={}, headline={}
-    )
+    return log(tracker, "spam", checkpoint, shared_data)
 
 
 def tiny_classifier(directory: Path, emb_dim: int = 16) -> GPTModel:
@@ -126,12 +135,11 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     for _ in range(2):  # two training runs: two versions
         with stage_run("spam-finetune", "gptlab", {}) as tracker:
             tracker.set_tags({"gptlab.base_model": "gpt2-small"})
-            uri = log_model(
+            uri = log(
                 tracker,
                 "spam",
                 tmp_path / "clf",
-                **logged_to("gptlab", shared_data),
-                defaults={},
+                shared_data,
                 headline={"final/test.accuracy": 0.9375 - len(runs) / 8},
             )
             runs.append((tracker.run_id, uri))
@@ -214,20 +222,18 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
     monkeypatch.chdir(tmp_path)
     model = tiny_language_model(tmp_path / "lm")
     params = committed_params()
-    logged = logged_to("gptlab", shared_data)
     with stage_run("instruct-finetune", "gptlab", {}) as tracker:
-        log_model(
+        log(
             tracker,
             "instruct",
             tmp_path / "lm",
-            **logged,
-            defaults={"max_new_tokens": params.instruct.max_new_tokens},
-            headline={},
+            shared_data,
+            {"max_new_tokens": params.instruct.max_new_tokens},
         )
     with stage_run("pretrain", "gptlab", {}) as tracker:
         sample = dataclasses.asdict(params.pretrain.sample)
         del sample["prompt"]
-        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample, headline={})
+        log(tracker, "pretrain", tmp_path / "lm", shared_data, sample)
     capsys.readouterr()
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
@@ -298,8 +304,6 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
 
 def test_a_bad_input_keeps_its_one_line_through_the_scoring_servers_rewrite() -> None:
     """MLflow's scoring server prefixes the message with the whole input; the reply keeps the line alone."""
-    from gptlab.tracking.pyfunc_models import BadModelInput
-
     error = BadModelInput("batch_size: expected 1 to 65536, got 0")
     error.message = f"Failed to predict data '  text\n0  hi'. \nError: {error.message}"  # as the server does
     assert json.loads(error.serialize_as_json())["message"] == "batch_size: expected 1 to 65536, got 0"
@@ -385,9 +389,7 @@ def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
     uris = {}
     for kind, folder in (("spam", "clf"), ("instruct", "lm")):
         with stage_run(f"{kind}-finetune", "gptlab", {}) as tracker:
-            uris[kind] = log_model(
-                tracker, kind, tmp_path / folder, **logged_to("gptlab", shared_data), defaults={}, headline={}
-            )
+            uris[kind] = log(tracker, kind, tmp_path / folder, shared_data)
     # In Python, the same check is a ValueError naming the field.
     with pytest.raises(ValueError, match=r"^text \(row 2\) is empty: give some text to classify$"):
         mlflow.pyfunc.load_model(uris["spam"]).predict(pd.DataFrame({"text": ["hi", "  "]}))
@@ -447,9 +449,7 @@ def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refus
     monkeypatch.chdir(tmp_path)
     model = tiny_language_model(tmp_path / "lm")
     with stage_run("instruct-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "instruct", tmp_path / "lm", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log(tracker, "instruct", tmp_path / "lm", shared_data)
     records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
 
     monkeypatch.setenv("GPTLAB_PRECISION", "bf16")

@@ -128,7 +128,7 @@ class TrainingRun:
 
         The book's loss figure is logged as `<kind>/loss.png`. `skip` names report files the
         stage logged itself (figures); `kind` and `model_defaults` are those of the registered
-        model (gptlab.tracking.registry).
+        model (gptlab.tracking.registry) and its params' defaults (gptlab.serving.pyfunc_models).
         """
         save_model(model, model_dir, dict(metadata))
         self.tracker.record_checkpoint(model_dir)
@@ -166,17 +166,17 @@ class TrainingRun:
             f"{kind}/training_seconds.json",
         )
         if self.params.tracking.log_models:  # as the other logging: sent later while the server is lost
-            self.tracker.send(
-                lambda: log_model(
-                    self.tracker,
-                    kind,
-                    model_dir,
-                    experiment=self.params.tracking.experiment,
-                    bpe_files=self.params.data.bpe_files(),
-                    defaults=model_defaults,
-                    headline=final,
-                )
-            )
+            self.tracker.send(lambda: self.register_model(kind, model_dir, model_defaults, final))
+
+    def register_model(
+        self, kind: str, model_dir: Path, defaults: Mapping[str, Any], headline: Mapping[str, float]
+    ) -> None:
+        """Log and register the checkpoint as the MLflow model that gptlab.serving.pyfunc_models serves."""
+        # mlflow.pyfunc and pandas with it: as a run publishes its model, never as a stage starts
+        from gptlab.serving.pyfunc_models import model_spec
+
+        spec = model_spec(kind, model_dir, self.params.data.bpe_files(), defaults)
+        log_model(self.tracker, kind, spec, experiment=self.params.tracking.experiment, headline=headline)
 
 
 def loss_figure(result: TrainResult) -> Figure:

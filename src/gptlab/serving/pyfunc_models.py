@@ -1,12 +1,10 @@
 """gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
 
-Besides runs.py, lineage.py and registry.py, this module (with its three-line
-models-from-code file, pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc`
-and its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
-`registry.log_model` imports it lazily, by name, so it is part of no
-stage's import closure (dvc.yaml's deps): how a model is served changes no
-stage output, and editing this file reruns no training. Models are logged from
-code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.
+It imports mlflow at its top (`mlflow.pyfunc` and its schema types): a pyfunc model is a
+subclass of `mlflow.pyfunc.PythonModel`. A training stage's publishing builds its model's
+`model_spec` here (imported there, not as the stage starts) and hands it to
+`tracking.registry.log_model`. Models are logged from code (pyfunc_model_code.py,
+the kind in `model_config`), so nothing is pickled.
 
 A logged model holds, as artifacts, the checkpoint folder (`model.safetensors` +
 `config.json` + `manifest.json`, the weights' only copy in MLflow, checked against the
@@ -38,7 +36,7 @@ stack trace.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, get_args
@@ -59,13 +57,12 @@ from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.tasks import request
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import fit_to_context, generate_response
+from gptlab.tracking.registry import CHECKPOINT, ENCODER_JSON, VOCAB_BPE, PyfuncSpec
 from gptlab.training.runtime import Precision, inference_dtype, resolve_device
 
-# Artifact names inside a logged model (MLmodel's python_function.artifacts).
-CHECKPOINT = "checkpoint"
-VOCAB_BPE = "vocab_bpe"
-ENCODER_JSON = "encoder_json"
 KINDS = ("spam", "instruct", "lm")
+# The kind each registered model is served as: the pretrained one generates text (lm).
+SERVED_AS = {"pretrain": "lm", "spam": "spam", "instruct": "instruct"}
 DEVICE_ENV = "GPTLAB_DEVICE"
 PRECISION_ENV = "GPTLAB_PRECISION"
 # What the gptlab modules a model runs import (pinned to the versions that logged it).
@@ -227,40 +224,31 @@ class BadModelInput(MlflowException, ValueError):
             self._line = value
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model."""
-
-    python_model: str  # the models-from-code file
-    model_config: dict[str, str]
-    artifacts: dict[str, str]
-    code_paths: list[str]
-    signature: ModelSignature
-    input_example: Any
-    pip_requirements: list[str]
-
-
 def model_spec(
     kind: str,
     checkpoint: Path | str,
-    vocab_bpe: Path | str,
-    encoder_json: Path | str,
-    defaults: dict[str, Any] | None = None,
-) -> ModelSpec:
-    """The pyfunc model of `kind` (spam, instruct or lm) for a checkpoint folder and GPT-2's BPE files.
+    bpe_files: tuple[Path, Path],
+    defaults: Mapping[str, Any] | None = None,
+) -> PyfuncSpec:
+    """The pyfunc model of a registered model of `kind` (pretrain, spam or instruct), served as SERVED_AS says.
 
-    `defaults` are the params' defaults (instruct: max_new_tokens; lm: max_new_tokens,
-    temperature, top_k, seed), e.g. the stage's own settings.
+    `checkpoint` is its folder, `bpe_files` GPT-2's vocab.bpe and encoder.json; `defaults` the
+    params' defaults (instruct: max_new_tokens; lm: max_new_tokens, temperature, top_k, seed),
+    e.g. the stage's own settings.
     """
+    if kind not in SERVED_AS:
+        raise ValueError(f"unknown model kind {kind!r}: expected one of {tuple(SERVED_AS)}")
+    served = SERVED_AS[kind]
     defaults = defaults or {}
-    if kind == "spam":
+    vocab_bpe, encoder_json = bpe_files
+    if served == "spam":
         inputs = Schema([ColSpec("string", "text")])
         outputs = Schema([ColSpec("string", "label"), ColSpec("double", "spam_probability")])
         param_specs = [ParamSpec("batch_size", "long", int(defaults.get("batch_size", 8)))]
         example: Any = pd.DataFrame(
             {"text": ["You are a winner! Claim your free prize now", "Are we still on for dinner tonight?"]}
         )
-    elif kind == "instruct":
+    elif served == "instruct":
         inputs = Schema([ColSpec("string", "instruction"), ColSpec("string", "input", required=False)])
         outputs = Schema([ColSpec("string", "response")])
         param_specs = [ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256)))]
@@ -271,7 +259,7 @@ def model_spec(
             ),
             {"max_new_tokens": 8},
         )
-    elif kind == "lm":
+    else:
         inputs = Schema([ColSpec("string", "prompt")])
         outputs = Schema([ColSpec("string", "text")])
         param_specs = [
@@ -281,11 +269,9 @@ def model_spec(
             ParamSpec("seed", "long", int(defaults.get("seed", 123))),
         ]
         example = (pd.DataFrame({"prompt": ["Every effort moves you"]}), {"max_new_tokens": 8})
-    else:
-        raise ValueError(f"unknown model kind {kind!r}: expected one of {KINDS}")
-    return ModelSpec(
+    return PyfuncSpec(
         python_model=str(Path(__file__).with_name("pyfunc_model_code.py")),
-        model_config={KIND_KEY: kind},
+        model_config={KIND_KEY: served},
         artifacts={CHECKPOINT: str(checkpoint), VOCAB_BPE: str(vocab_bpe), ENCODER_JSON: str(encoder_json)},
         code_paths=[str(Path(gptlab.__file__).parent)],
         signature=ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema(param_specs)),
