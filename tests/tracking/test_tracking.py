@@ -339,10 +339,7 @@ def test_a_dataset_logged_meanwhile_by_a_parallel_stage_is_linked_not_a_failure(
     assert (found.dataset.name, found.dataset.digest) == ("spam", dvc_md5(data))
 
 
-def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "models" / "pretrain"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "model.safetensors").write_bytes(b"weights")
+def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(checkpoint: Path) -> None:
     with stage_run("pretrain", "exp-lineage", {}) as upstream:
         upstream.record_checkpoint(checkpoint)
         upstream_id = upstream.run_id

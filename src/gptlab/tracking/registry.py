@@ -5,8 +5,10 @@ gptlab.serving.pyfunc_models builds for it), registered as a
 new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
 `champion` alias at one version, and `downloaded_model` fetches a logged model's
 files for the CLI. The registry is the tracking store's (`tracking.store.tracking_uri`).
-A checkpoint is logged only once it matches its manifest (which it carries along), and
-a model whose files cannot all be written (a full disk) leaves none behind.
+A checkpoint is logged only once its files have the sizes its manifest records (the manifest
+goes along, and the SHA-256 it records, computed once as the checkpoint was saved, is
+checked whenever the model loads), and a model whose files cannot all be written (a full
+disk) leaves none behind.
 """
 
 from __future__ import annotations
@@ -81,15 +83,15 @@ def log_model(
     holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
     as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),
     or None for the disabled run (torchrun ranks other than 0), which logs nothing. A checkpoint
-    that does not match its manifest is refused; a write that fails in the artifact store is one
-    line naming it, and the failed model's partial files are deleted.
+    cut short (a file not of its manifest's size, or no manifest) is refused; a write that fails in
+    the artifact store is one line naming it, and the failed model's partial files are deleted.
     """
     if run.run_id is None:
         return None
     # torch with it: here, not at the top, so that `gptlab promote` does not wait for it
-    from gptlab.model.checkpoint import verify_model_folder
+    from gptlab.model.checkpoint import recorded_digests
 
-    verify_model_folder(spec.artifacts[CHECKPOINT])
+    recorded_digests(spec.artifacts[CHECKPOINT])  # complete as saved; its digests are checked as it loads
     with store_errors(run.uri):
         return _log_model(run, kind, spec, experiment, headline)
 
