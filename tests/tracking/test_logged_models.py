@@ -1,7 +1,7 @@
 """Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
 
 Each test logs tiny checkpoints through `registry.log_model`, as the pyfunc models of
-gptlab.serving.pyfunc_models, into its own SQLite store (the conftest fixture), then
+gptlab.serving.specs, into its own SQLite store (the conftest fixture), then
 reads them back as a user would: with
 `mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
 and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
@@ -34,7 +34,8 @@ from gptlab.model.checkpoint import (
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
-from gptlab.serving.pyfunc_models import BadModelInput, model_spec
+from gptlab.serving.pyfunc_models import BadModelInput
+from gptlab.serving.specs import model_spec
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.buffered_run import NULL_RUN, StageRun
 from gptlab.tracking.registry import log_model

@@ -128,7 +128,7 @@ class TrainingRun:
 
         The book's loss figure is logged as `<kind>/loss.png`. `skip` names report files the
         stage logged itself (figures); `kind` and `model_defaults` are those of the registered
-        model (gptlab.tracking.registry) and its params' defaults (gptlab.serving.pyfunc_models).
+        model (gptlab.tracking.registry) and its params' defaults (gptlab.serving.specs).
         """
         save_model(model, model_dir, dict(metadata))
         self.tracker.record_checkpoint(model_dir)
@@ -171,9 +171,9 @@ class TrainingRun:
     def register_model(
         self, kind: str, model_dir: Path, defaults: Mapping[str, Any], headline: Mapping[str, float]
     ) -> None:
-        """Log and register the checkpoint as the MLflow model that gptlab.serving.pyfunc_models serves."""
-        # mlflow.pyfunc and pandas with it: as a run publishes its model, never as a stage starts
-        from gptlab.serving.pyfunc_models import model_spec
+        """Log and register the checkpoint as the MLflow model of its kind (gptlab.serving.specs)."""
+        # mlflow.models and pandas with it: as a run publishes its model, never as a stage starts
+        from gptlab.serving.specs import model_spec
 
         spec = model_spec(kind, model_dir, self.params.data.bpe_files(), defaults)
         log_model(self.tracker, kind, spec, experiment=self.params.tracking.experiment, headline=headline)

@@ -1,10 +1,9 @@
 """Trained checkpoints as MLflow models: logged by their run, registered, promoted, read back.
 
-Each training stage's checkpoint becomes a pyfunc model of its run (the `PyfuncSpec` that
-gptlab.serving.pyfunc_models builds for it), registered as a
-new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
-`champion` alias at one version, and `downloaded_model` fetches a logged model's
-files for the CLI. The registry is the tracking store's (`tracking.store.tracking_uri`).
+Each training stage's checkpoint becomes a pyfunc model of its run (the `PyfuncSpec`
+that gptlab.serving.specs builds for it), registered as a new version of
+`<experiment>-<kind>` (gptlab-spam, ...); `promote` points the `champion` alias at
+one version, and `downloaded_model` fetches a logged model's files for the CLI. The registry is the tracking store's (`tracking.store.tracking_uri`).
 A checkpoint is logged only once its files have the sizes its manifest records (the manifest
 goes along, and the SHA-256 it records, computed once as the checkpoint was saved, is
 checked whenever the model loads), and a model whose files cannot all be written (a full
@@ -55,7 +54,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 @dataclass(frozen=True)
 class PyfuncSpec:
-    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model (gptlab.serving.pyfunc_models builds it)."""
+    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model (gptlab.serving.specs builds it)."""
 
     python_model: str  # the models-from-code file
     model_config: dict[str, str]

@@ -14,10 +14,11 @@ A server that stops answering mid-run does not stop the training (the logging it
 keeps meanwhile: gptlab.tracking.buffered_run); a stage whose logging is still unsent at
 its end fails in one line naming the URI (a training stage keeps its resume folder,
 so its rerun trains nothing again).
-The tracking layer's modules are the only ones of gptlab that import mlflow, with the
-serving layer's pyfunc_models.py and pyfunc_model_code.py (the models MLflow serves).
-Those of tracking import it where it is used, not at their top (`store.imported_mlflow`
-says why).
+With store.py, buffered_run.py, lineage.py and registry.py (sweep_runs.py gets it from
+store.imported_mlflow), the only modules of tracking that import mlflow, where it is used,
+not at their top (`store.imported_mlflow` says why); above them, the serving layer's
+specs.py, pyfunc_models.py and pyfunc_model_code.py (the models MLflow logs and serves)
+import it at theirs.
 """
 
 from __future__ import annotations

@@ -142,6 +142,7 @@ def _innermost(exc: BaseException) -> BaseException:
 
 
 def tracking_timeout() -> float:
+    """The seconds to wait for a tracking server: GPTLAB_TRACKING_TIMEOUT, 10 by default."""
     return float(os.environ.get(TIMEOUT_ENV, "10"))
 
 
@@ -301,6 +302,7 @@ def bound_http_calls() -> None:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of what `exc` says, its passwords masked: what a one-line error quotes of it."""
     return masked_uri(next(iter(str(exc).strip().splitlines()), type(exc).__name__))
 
 
