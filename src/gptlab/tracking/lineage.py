@@ -4,8 +4,8 @@ A run's tags name its git commit (and dirty state), the `dvc repro` it belongs t
 its host and pid, a hash of its params and the DVC experiment. The datasets it
 read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
 its weights (as its manifest recorded it at save), by which a run that starts from
-that checkpoint finds (and links) the run that wrote it. The functions here build tags and inputs; `tracking.buffered_run.StageRun`
-logs them.
+that checkpoint finds (and links) the run that wrote it. The functions here build
+tags and inputs; `tracking.buffered_run.StageRun` logs them.
 """
 
 from __future__ import annotations

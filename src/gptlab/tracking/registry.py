@@ -3,11 +3,12 @@
 Each training stage's checkpoint becomes a pyfunc model of its run (the `PyfuncSpec`
 that gptlab.serving.specs builds for it), registered as a new version of
 `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the `champion` alias at
-one version, and `downloaded_model` fetches a logged model's files for the CLI. The registry is the tracking store's (`tracking.store.tracking_uri`).
-A checkpoint is logged only once its files have the sizes its manifest records (the manifest
-goes along, and the SHA-256 it records, computed once as the checkpoint was saved, is
-checked whenever the model loads), and a model whose files cannot all be written (a full
-disk) leaves none behind.
+one version, and `downloaded_model` fetches a logged model's files for the CLI. The
+registry is the tracking store's (`tracking.store.tracking_uri`). A checkpoint is
+logged only once its files have the sizes its manifest records (the manifest goes
+along, and the SHA-256 it records, computed once as the checkpoint was saved, is
+checked whenever the model loads), and a model whose files cannot all be written
+(a full disk) leaves none behind.
 """
 
 from __future__ import annotations
