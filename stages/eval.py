@@ -26,7 +26,8 @@ from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
-from gptlab.tracking.runs import section, stage_run
+from gptlab.tracking.buffered_run import section
+from gptlab.tracking.runs import stage_run
 from gptlab.training.losses import split_losses
 from gptlab.training.runtime import resolve_device
 

@@ -48,7 +48,7 @@ from gptlab.schema import flatten
 from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
 from gptlab.tasks.instruction_scores import answer_and_score, metrics_and_counts
 from gptlab.tasks.judge import check_judge
-from gptlab.tracking.runs import StageRun
+from gptlab.tracking.buffered_run import StageRun
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.loop import require_one_batch
 

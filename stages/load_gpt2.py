@@ -51,7 +51,8 @@ from gptlab.pipeline.base_models import (
 )
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
-from gptlab.tracking.runs import section, stage_run
+from gptlab.tracking.buffered_run import section
+from gptlab.tracking.runs import stage_run
 from gptlab.training.runtime import resolve_device
 
 REPORT_DIR = REPORTS / "load-gpt2"

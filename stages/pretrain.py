@@ -31,7 +31,7 @@ from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
 from gptlab.schema import flatten
-from gptlab.tracking.runs import section
+from gptlab.tracking.buffered_run import section
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import require_one_batch

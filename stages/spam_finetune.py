@@ -56,7 +56,7 @@ from gptlab.tasks.classifier import (
 from gptlab.tasks.config import SpamConfig
 from gptlab.tasks.fine_tune import adds_lora, base_language_model
 from gptlab.tasks.frozen_trunk import FrozenTrunk, spam_trunk
-from gptlab.tracking.runs import StageRun, section
+from gptlab.tracking.buffered_run import StageRun, section
 from gptlab.training.loop import require_one_batch
 from gptlab.training.resume import RUNS_DIR
 from gptlab.training.runtime import resolve_device

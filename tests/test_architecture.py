@@ -2,9 +2,10 @@
 
 Bottom to top: the foundation modules at the top of the package (errors, files,
 paths, schema, environment), then model, data, training, tasks, tracking,
-pipeline, experiments, book and cli. A module may import the foundation, its own
-sub-package and the layers below it, never one above (function-local imports
-count too: they run all the same).
+serving, pipeline, experiments, book and cli. A module may import the foundation,
+its own sub-package and the layers below it, never one above (function-local
+imports count too: they run all the same, and so does a module loaded by its
+name, `importlib.import_module("gptlab...")`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,18 @@ import pytest
 from helpers import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "src" / "gptlab"
-LAYERS = ["model", "data", "training", "tasks", "tracking", "pipeline", "experiments", "book", "cli"]
+LAYERS = [
+    "model",
+    "data",
+    "training",
+    "tasks",
+    "tracking",
+    "serving",
+    "pipeline",
+    "experiments",
+    "book",
+    "cli",
+]
 MAX_TOP_LEVEL_MODULES = 8
 
 
@@ -43,7 +55,19 @@ def gptlab_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module == "gptlab")
+        elif loaded := _loaded_by_name(node):
+            found.add(loaded)
     return {name for name in found if name.split(".")[0] == "gptlab"}
+
+
+def _loaded_by_name(node: ast.AST) -> str | None:
+    """The module that `importlib.import_module("NAME")` or `__import__("NAME")` loads, when NAME is written out."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    function = node.func
+    name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+    loaded = node.args[0].value
+    return loaded if name in ("import_module", "__import__") and isinstance(loaded, str) else None
 
 
 def upward_imports(module: str, path: Path) -> list[str]:
@@ -67,6 +91,18 @@ def test_the_package_top_holds_only_the_foundation_and_the_layers() -> None:
     assert packages == sorted(LAYERS)
 
 
+def test_tracking_imports_nothing_of_tasks() -> None:
+    """Tracking logs and registers models; what they are for (tasks) is the serving layer's, above it."""
+    tracking = sorted((PACKAGE / "tracking").rglob("*.py"))
+    found = {
+        module_name(path): sorted(
+            name for name in gptlab_imports(path) if layer_of(name) == LAYERS.index("tasks")
+        )
+        for path in tracking
+    }
+    assert tracking and not any(found.values()), found
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_each_layer_says_its_job_in_its_init(layer: str) -> None:
     docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8")))
@@ -77,8 +113,12 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     source = tmp_path / "loop.py"
     source.write_text(
         "from gptlab.errors import GptlabError\nfrom gptlab.model.gpt import GPTModel\n\n\n"
-        "def log():\n    from gptlab.tracking.runs import stage_run\n",
+        "def log():\n    from gptlab.tracking.runs import stage_run\n\n\n"
+        "def serve():\n    importlib.import_module('gptlab.serving.pyfunc_models')\n",
         encoding="utf-8",
     )
-    assert upward_imports("gptlab.training.loop", source) == ["gptlab.tracking.runs"]
+    assert upward_imports("gptlab.training.loop", source) == [
+        "gptlab.serving.pyfunc_models",
+        "gptlab.tracking.runs",
+    ]
     assert upward_imports("gptlab.cli.main", source) == []

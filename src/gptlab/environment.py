@@ -6,7 +6,7 @@ stages they start will read, without importing the modules that read it.
 
 from __future__ import annotations
 
-# Set (by `gptlab -v`) to keep the libraries' INFO lines, which gptlab.tracking.runs otherwise quiets.
+# Set (by `gptlab -v`) to keep the libraries' INFO lines, which gptlab.tracking.store otherwise quiets.
 VERBOSE_ENV = "GPTLAB_VERBOSE"
 # The project's commit, when a stage runs in a copy of it (a `gptlab smoke` workspace): gptlab.tracking.lineage.
 SOURCE_COMMIT_ENV = "GPTLAB_SOURCE_COMMIT"

@@ -24,7 +24,7 @@ from gptlab.book.reproduction import (
 from gptlab.cli.main import main
 from gptlab.errors import GptlabError
 from gptlab.experiments.smoke import commit_workspace
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.store import tracking_uri
 
 from helpers import PROJECT_ROOT
 

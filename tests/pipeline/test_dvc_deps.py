@@ -79,3 +79,13 @@ def test_closure_follows_imports_through_packages() -> None:
     assert "src/gptlab/data/__init__.py" in closure
     assert "src/gptlab/files.py" in closure  # imported by the datasets, not by the script
     assert not any(path.startswith("src/gptlab/cli/") for path in closure)
+
+
+def test_how_a_model_is_served_is_no_stages_code() -> None:
+    """The pyfunc classes that MLflow loads change no stage's output: editing them reruns no stage.
+
+    The training stages log their models through gptlab.serving.specs, never pyfunc_models.py.
+    """
+    served = "src/gptlab/serving/pyfunc_models.py"
+    for name, stage in stages().items():
+        assert served not in import_closure(PROJECT_ROOT / shlex.split(stage["cmd"])[-1]), name

@@ -22,13 +22,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.data.fetch import FetchError, sha256_file
 from gptlab.data.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
-from gptlab.model.checkpoint import load_model, read_config, save_model
+from gptlab.model.checkpoint import WEIGHTS_FILE, load_model, read_config, save_model
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import load_params
 from gptlab.schema import ConfigError
-from gptlab.tracking.lineage import weights_sha256
 from gptlab.training.losses import average_loss, next_token_loss
 from gptlab.training.runtime import ordered_loader
 from stages.load_gpt2 import run
@@ -162,7 +161,9 @@ def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) ->
         assert r.info.run_name == f"load-gpt2 · {name}" and r.info.status == "FINISHED"
         assert r.data.metrics["eval/val_loss"] == pytest.approx(report[name]["val_loss"])
         # Each run is tagged with the weights it wrote; OpenAI's weights are its described source.
-        assert r.data.tags["gptlab.checkpoint_sha256"] == weights_sha256(Path("models/gpt2") / name)
+        assert r.data.tags["gptlab.checkpoint_sha256"] == sha256_file(
+            Path("models/gpt2") / name / WEIGHTS_FILE
+        )
         assert "huggingface.co" in r.data.tags["mlflow.note.content"]
         assert "gptlab.upstream_run_id" not in r.data.tags
 

@@ -22,12 +22,12 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.data import spam, verdict
 from gptlab.errors import InputError
-from gptlab.model.checkpoint import list_checkpoints, load_model
+from gptlab.files import sha256_file
+from gptlab.model.checkpoint import WEIGHTS_FILE, list_checkpoints, load_model
 from gptlab.pipeline.params import load_params
 from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import ConfigError
-from gptlab.tracking.lineage import weights_sha256
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.store import tracking_uri
 from stages import pretrain as pretrain_stage
 
 import helpers
@@ -209,7 +209,9 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial/val_loss")] == [0]
     assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final/val_loss")] == [23]
     assert rerun.data.tags["gptlab.steps"] == "24"
-    assert rerun.data.tags["gptlab.checkpoint_sha256"] == weights_sha256(project / "models/pretrain")
+    assert rerun.data.tags["gptlab.checkpoint_sha256"] == sha256_file(
+        project / "models/pretrain" / WEIGHTS_FILE
+    )
     reports = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain/reports")}
     assert "pretrain/reports/loss.png" not in reports and "pretrain/reports/counts.json" in reports
     # Its input: the Verdict splits, hashed as DVC hashes them.

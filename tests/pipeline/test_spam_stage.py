@@ -21,13 +21,13 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
 from gptlab.data import spam
-from gptlab.model.checkpoint import load_model, save_model
+from gptlab.files import sha256_file
+from gptlab.model.checkpoint import WEIGHTS_FILE, load_model, save_model
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import PAD_TOKEN_ID, class_logits, make_classifier
-from gptlab.tracking.lineage import weights_sha256
 
 from helpers import committed_params_raw, copy_code, dvc, git, invoke, served_model
 
@@ -235,7 +235,9 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert data_input.dataset.digest == locked["md5"]  # DVC's own hash of the folder
     assert run.data.tags["gptlab.upstream_checkpoint"] == "models/gpt2/gpt2-small"
     assert "written by no run" in run.data.tags["mlflow.note.content"]  # the test's base model
-    assert run.data.tags["gptlab.checkpoint_sha256"] == weights_sha256(project / "models" / "spam")
+    assert run.data.tags["gptlab.checkpoint_sha256"] == sha256_file(
+        project / "models" / "spam" / WEIGHTS_FILE
+    )
     # The checkpoint is the run's logged model (its one copy in MLflow), registered as gptlab-spam.
     assert not any(path.startswith("spam/model") for path in artifacts)
     (version,) = client.search_model_versions("name = 'gptlab-spam'")

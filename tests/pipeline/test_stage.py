@@ -12,7 +12,8 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.stage import Terminated, sigterm_stops, stage_main
-from gptlab.tracking.runs import stage_run, tracking_uri
+from gptlab.tracking.runs import stage_run
+from gptlab.tracking.store import tracking_uri
 
 from helpers import write_committed_params
 

@@ -13,11 +13,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from gptlab.data import instruct, verdict
-from gptlab.model.checkpoint import read_config
+from gptlab.files import sha256_file
+from gptlab.model.checkpoint import WEIGHTS_FILE, read_config
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
-from gptlab.tracking.lineage import dvc_md5, weights_sha256
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.lineage import dvc_md5
+from gptlab.tracking.store import tracking_uri
 from stages import instruct_finetune, load_gpt2, pretrain
 
 from helpers import committed_params_raw
@@ -79,7 +80,9 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
         ("load-gpt2 · gpt2-small", "models/gpt2/gpt2-small"),
         ("instruct-finetune", "models/instruct"),
     ):
-        assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == weights_sha256(checkpoint)
+        assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == sha256_file(
+            Path(checkpoint) / WEIGHTS_FILE
+        )
         assert "mlflow_run_id" not in read_config(checkpoint)[1]
 
     # Walk the lineage tags from the instruct run to the pretrain run.

@@ -1,7 +1,8 @@
 """Trained models as MLflow models: logged once, registered, promoted, loaded without the project, used by the CLI.
 
-Each test logs tiny checkpoints through `registry.log_model` into its own SQLite
-store (the conftest fixture), then reads them back as a user would: with
+Each test logs tiny checkpoints through `registry.log_model`, as the pyfunc models of
+gptlab.serving.specs, into its own SQLite store (the conftest fixture), then
+reads them back as a user would: with
 `mlflow.pyfunc.load_model` in a fresh Python whose sys.path lacks the project,
 and with `gptlab promote`, `gptlab classify` and `gptlab chat`.
 """
@@ -33,9 +34,12 @@ from gptlab.model.checkpoint import (
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
+from gptlab.serving.pyfunc_models import BadModelInput
+from gptlab.serving.specs import model_spec
 from gptlab.tasks.classifier import classify_texts, make_classifier
+from gptlab.tracking.buffered_run import NULL_RUN, StageRun
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import NULL_RUN, StageRun, stage_run
+from gptlab.tracking.runs import stage_run
 
 from helpers import PROJECT_ROOT, committed_params, flip_tensor_bits, invoke, served_model, small_disk
 
@@ -73,18 +77,25 @@ def load_in_clean_process(uri: str, frame: dict, tmp_path: Path, params: dict | 
     return result["predictions"]
 
 
-def logged_to(experiment: str, shared_data: Path) -> dict[str, Any]:
-    """log_model's experiment and GPT-2's BPE files (in the test inputs, where the committed params say)."""
+def log(
+    tracker: StageRun,
+    kind: str,
+    checkpoint: Path,
+    shared_data: Path,
+    defaults: dict[str, Any] | None = None,
+    headline: dict[str, float] | None = None,
+) -> str | None:
+    """log_model of a checkpoint into experiment gptlab, served as a stage serves it, with GPT-2's BPE
+    files from the test inputs (where the committed params say)."""
     sources = committed_params().data.sources
     bpe = (shared_data / sources.gpt2_vocab_bpe.path, shared_data / sources.gpt2_encoder_json.path)
-    return {"experiment": experiment, "bpe_files": bpe}
+    spec = model_spec(kind, checkpoint, bpe, defaults)
+    return log_model(tracker, kind, spec, experiment="gptlab", headline=headline or {})
 
 
 def log_spam(tracker: StageRun, checkpoint: Path, shared_data: Path) -> str | None:
     """log_model of a spam checkpoint into experiment gptlab, with no defaults or headline figures."""
-    return log_model(
-        tracker, "spam", checkpoint, **logged_to("gptlab", shared_data), defaults={}, headline={}
-    )
+    return log(tracker, "spam", checkpoint, shared_data)
 
 
 def tiny_classifier(directory: Path, emb_dim: int = 16) -> GPTModel:
@@ -125,12 +136,11 @@ def test_spam_model_logged_once_registered_promoted_and_served_to_the_cli(
     for _ in range(2):  # two training runs: two versions
         with stage_run("spam-finetune", "gptlab", {}) as tracker:
             tracker.set_tags({"gptlab.base_model": "gpt2-small"})
-            uri = log_model(
+            uri = log(
                 tracker,
                 "spam",
                 tmp_path / "clf",
-                **logged_to("gptlab", shared_data),
-                defaults={},
+                shared_data,
                 headline={"final/test.accuracy": 0.9375 - len(runs) / 8},
             )
             runs.append((tracker.run_id, uri))
@@ -213,20 +223,18 @@ def test_instruct_and_language_models_load_without_the_project_and_chat_uses_the
     monkeypatch.chdir(tmp_path)
     model = tiny_language_model(tmp_path / "lm")
     params = committed_params()
-    logged = logged_to("gptlab", shared_data)
     with stage_run("instruct-finetune", "gptlab", {}) as tracker:
-        log_model(
+        log(
             tracker,
             "instruct",
             tmp_path / "lm",
-            **logged,
-            defaults={"max_new_tokens": params.instruct.max_new_tokens},
-            headline={},
+            shared_data,
+            {"max_new_tokens": params.instruct.max_new_tokens},
         )
     with stage_run("pretrain", "gptlab", {}) as tracker:
         sample = dataclasses.asdict(params.pretrain.sample)
         del sample["prompt"]
-        log_model(tracker, "pretrain", tmp_path / "lm", **logged, defaults=sample, headline={})
+        log(tracker, "pretrain", tmp_path / "lm", shared_data, sample)
     capsys.readouterr()
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert [int(v.version) for v in client.search_model_versions("name = 'gptlab-instruct'")] == [1]
@@ -297,8 +305,6 @@ def test_the_mlflow_model_refuses_weights_holding_nan(
 
 def test_a_bad_input_keeps_its_one_line_through_the_scoring_servers_rewrite() -> None:
     """MLflow's scoring server prefixes the message with the whole input; the reply keeps the line alone."""
-    from gptlab.tracking.pyfunc_models import BadModelInput
-
     error = BadModelInput("batch_size: expected 1 to 65536, got 0")
     error.message = f"Failed to predict data '  text\n0  hi'. \nError: {error.message}"  # as the server does
     assert json.loads(error.serialize_as_json())["message"] == "batch_size: expected 1 to 65536, got 0"
@@ -316,16 +322,19 @@ def one_line_refusal(status: int, reply: dict, line: str) -> None:
 def test_a_damaged_checkpoint_is_not_logged_and_a_damaged_logged_model_does_not_load(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Finite bit flips: refused by log_model before logging, and by the model MLflow loads and serves."""
+    """Weights cut short: refused by log_model before logging. Finite bit flips, which only the
+    weights' digest tells: refused by the model MLflow loads and serves (the save computed that
+    digest, which publishing takes from the manifest, and every load checks)."""
     import mlflow.pyfunc
 
     monkeypatch.chdir(tmp_path)
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     tiny_classifier(tmp_path / "clf")
-    flip_tensor_bits(tmp_path / "clf" / WEIGHTS_FILE, "out_head.weight")
+    weights = tmp_path / "clf" / WEIGHTS_FILE
+    weights.write_bytes(weights.read_bytes()[:-4096])
     with stage_run("spam-finetune", "gptlab", {}) as tracker:
         with pytest.raises(
-            CheckpointError, match=r"clf/model\.safetensors: its SHA-256 is not the one recorded"
+            CheckpointError, match=r"clf/model\.safetensors: expected \d+ bytes, found \d+ bytes"
         ):
             log_spam(tracker, tmp_path / "clf", shared_data)
         experiment_id = client.get_run(tracker.run_id).info.experiment_id
@@ -384,9 +393,7 @@ def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
     uris = {}
     for kind, folder in (("spam", "clf"), ("instruct", "lm")):
         with stage_run(f"{kind}-finetune", "gptlab", {}) as tracker:
-            uris[kind] = log_model(
-                tracker, kind, tmp_path / folder, **logged_to("gptlab", shared_data), defaults={}, headline={}
-            )
+            uris[kind] = log(tracker, kind, tmp_path / folder, shared_data)
     # In Python, the same check is a ValueError naming the field.
     with pytest.raises(ValueError, match=r"^text \(row 2\) is empty: give some text to classify$"):
         mlflow.pyfunc.load_model(uris["spam"]).predict(pd.DataFrame({"text": ["hi", "  "]}))
@@ -446,9 +453,7 @@ def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refus
     monkeypatch.chdir(tmp_path)
     model = tiny_language_model(tmp_path / "lm")
     with stage_run("instruct-finetune", "gptlab", {}) as tracker:
-        uri = log_model(
-            tracker, "instruct", tmp_path / "lm", **logged_to("gptlab", shared_data), defaults={}, headline={}
-        )
+        uri = log(tracker, "instruct", tmp_path / "lm", shared_data)
     records = {"instruction": ["Name a color.", "Rewrite the sentence."], "input": ["", "It is fast."]}
 
     monkeypatch.setenv("GPTLAB_PRECISION", "bf16")

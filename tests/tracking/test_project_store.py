@@ -13,7 +13,7 @@ import pytest
 
 from gptlab.experiments.smoke import prepare_workspace
 from gptlab.paths import project_root
-from gptlab.tracking.runs import tracking_uri
+from gptlab.tracking.store import tracking_uri
 
 from helpers import copy_project, dvc, git
 

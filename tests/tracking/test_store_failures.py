@@ -53,7 +53,7 @@ def read_only(folder: Path) -> None:
 
 def new_store() -> None:
     """MLFLOW_TRACKING_URI's store created, by another process: none of its files stays open in this one."""
-    create = "from gptlab.tracking.runs import prepare_store; prepare_store(['gptlab'])"
+    create = "from gptlab.tracking.store import prepare_store; prepare_store(['gptlab'])"
     subprocess.run([sys.executable, "-c", create], check=True, capture_output=True)
 
 

@@ -26,8 +26,10 @@ from gptlab.errors import GptlabError
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
+from gptlab.tracking.buffered_run import NULL_RUN
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
-from gptlab.tracking.runs import NULL_RUN, run_title, stage_run, tracking_uri
+from gptlab.tracking.runs import run_title, stage_run
+from gptlab.tracking.store import tracking_uri
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import fit
 from gptlab.training.losses import next_token_loss
@@ -337,10 +339,7 @@ def test_a_dataset_logged_meanwhile_by_a_parallel_stage_is_linked_not_a_failure(
     assert (found.dataset.name, found.dataset.digest) == ("spam", dvc_md5(data))
 
 
-def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "models" / "pretrain"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "model.safetensors").write_bytes(b"weights")
+def test_link_upstream_finds_the_writer_by_its_weights_and_links_it(checkpoint: Path) -> None:
     with stage_run("pretrain", "exp-lineage", {}) as upstream:
         upstream.record_checkpoint(checkpoint)
         upstream_id = upstream.run_id

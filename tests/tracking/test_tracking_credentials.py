@@ -6,14 +6,20 @@ reaches it through `user:password@`, and that no stage, `gptlab ui` or `classify
 
 from __future__ import annotations
 
+import base64
+import http.server
+import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main
-from gptlab.tracking.runs import TrackingLost, masked_uri, stage_run
+from gptlab.tracking.runs import stage_run
+from gptlab.tracking.store import TrackingLost, check_reachable, masked_uri
 
 from helpers import (
     PROJECT_ROOT,
@@ -35,6 +41,70 @@ def test_masked_uri_hides_the_password_of_every_uri_in_a_text() -> None:
     assert masked_uri(said) == "API request to http://a:***@h:1/api failed; retried http://b:***@h:2"
     for unchanged in ("http://host:5000", "http://alice@host", "sqlite:////tmp/a@b/mlflow.db", "databricks"):
         assert masked_uri(unchanged) == unchanged
+
+
+@contextmanager
+def mlflow_like_server() -> Iterator[tuple[str, list[str | None]]]:
+    """A server answering MLflow's search of experiments, in a thread: its URL and each Authorization it got."""
+    sent: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            sent.append(self.headers.get("Authorization"))
+            body = json.dumps({"experiments": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", sent
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "env", "authorization"),
+    [
+        ("alice:S3cr3tPW@", {}, basic("alice", PASSWORD)),
+        (
+            "",
+            {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": PASSWORD},
+            basic("bob", PASSWORD),
+        ),
+        (
+            "alice:S3cr3tPW@",
+            {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": "x"},
+            basic("alice", PASSWORD),
+        ),
+        ("", {"MLFLOW_TRACKING_TOKEN": PASSWORD}, f"Bearer {PASSWORD}"),
+        ("", {}, None),
+    ],
+    ids=["uri", "username-password", "uri-over-environment", "token", "none"],
+)
+def test_the_reachability_check_sends_the_credentials_mlflows_own_calls_send(
+    userinfo: str, env: dict[str, str], authorization: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a server that asks for a login gets first: the login MLflow's client sends, the URI's winning."""
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with mlflow_like_server() as (host, sent):
+        check_reachable(f"http://{userinfo}{host}")
+    assert sent == [authorization]
 
 
 def test_an_unreachable_server_is_named_without_its_password(

@@ -26,7 +26,7 @@ from gptlab.model.checkpoint import list_checkpoints
 from gptlab.model.config import ModelConfig
 from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.training_stage import DatasetRead, training_run
-from gptlab.tracking.runs import TrackingLost
+from gptlab.tracking.store import TrackingLost
 from gptlab.training.loop import TrainResult
 from gptlab.training.losses import next_token_loss
 

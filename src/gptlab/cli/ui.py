@@ -36,7 +36,7 @@ def experiment_url(base: str, experiment_id: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # the MLflow side on first use: keeps `gptlab --help` fast
-    from gptlab.tracking.runs import check_reachable, imported_mlflow, masked_uri, store_errors, tracking_uri
+    from gptlab.tracking.store import check_reachable, imported_mlflow, masked_uri, store_errors, tracking_uri
 
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()

@@ -33,7 +33,8 @@ from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.stage import Terminated, sigterm_stops
 from gptlab.schema import ConfigError, FieldError, build, flatten, nested, read_yaml, require
-from gptlab.tracking.runs import masked_uri, prepare_store, sweep_runs
+from gptlab.tracking.store import masked_uri, prepare_store
+from gptlab.tracking.sweep_runs import sweep_runs
 
 T = TypeVar("T")
 SWEEPS_DIR, SWEEP_REPORTS, SWEEP_LOCK = Path("sweeps"), REPORTS / "sweeps", Path(".gptlab") / "sweep.lock"

@@ -132,15 +132,29 @@ def read_config(directory: Path | str) -> tuple[ModelConfig, dict[str, Any]]:
         raise InputError(f"{path}: not a valid gptlab checkpoint config ({exc})") from exc
 
 
-def verify_model_folder(directory: Path | str) -> None:
-    """Refuse a model folder any of whose files is not as its manifest recorded (before it is logged)."""
+def recorded_digests(directory: Path | str) -> dict[str, str]:
+    """The SHA-256 of a model folder's files as its manifest recorded them at save, each file at its recorded size.
+
+    What publishing a model tags and logs it by: the save hashed its files once, and whatever
+    loads them checks them against these digests (verify_model_file), so they are not read again.
+    """
     directory = Path(directory)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        verify_model_file(directory, name)
+    return {name: _recorded_digest(directory, name) for name in (CONFIG_FILE, WEIGHTS_FILE)}
 
 
 def verify_model_file(directory: Path, name: str) -> None:
-    """Refuse `directory/name` unless its size and SHA-256 are those its manifest recorded at save.
+    """Refuse `directory/name` unless its size and SHA-256 are those its manifest recorded at save."""
+    recorded = _recorded_digest(directory, name)
+    path = directory / name
+    if sha256_file(path) != recorded:  # read_manifest found it, at its recorded size
+        raise CheckpointError(
+            f"{path}: its SHA-256 is not the one recorded in {MANIFEST_FILE} when it was saved (a damaged "
+            f"or edited file); rebuild it: {_rebuild_hint(directory)}"
+        )
+
+
+def _recorded_digest(directory: Path, name: str) -> str:
+    """The SHA-256 that `directory`'s manifest records for `name`, once the files it lists have their recorded sizes.
 
     A folder without a manifest was written before model folders had one: rebuilt, never trusted.
     """
@@ -156,11 +170,7 @@ def verify_model_file(directory: Path, name: str) -> None:
             f"{path}: {directory / MANIFEST_FILE} records no SHA-256 of it (not a model folder, or an edited "
             f"manifest); rebuild it: {_rebuild_hint(directory)}"
         )
-    if sha256_file(path) != recorded:  # read_manifest found it, at its recorded size
-        raise CheckpointError(
-            f"{path}: its SHA-256 is not the one recorded in {MANIFEST_FILE} when it was saved (a damaged "
-            f"or edited file); rebuild it: {_rebuild_hint(directory)}"
-        )
+    return recorded
 
 
 def _rebuild_hint(directory: Path) -> str:

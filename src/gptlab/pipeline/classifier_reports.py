@@ -13,7 +13,7 @@ from gptlab.data.spam import SpamDataset
 from gptlab.files import write_csv, write_figure
 from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
 from gptlab.tasks.classifier import CLASS_NAMES, Predictions
-from gptlab.tracking.runs import StageRun
+from gptlab.tracking.buffered_run import StageRun
 
 
 def write_and_log_scores(

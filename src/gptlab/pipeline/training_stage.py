@@ -26,8 +26,9 @@ from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import flatten
 from gptlab.tasks.config import LoraConfig, Trainable
 from gptlab.tasks.fine_tune import adds_lora
+from gptlab.tracking.buffered_run import StageRun, section
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import StageRun, section, stage_run
+from gptlab.tracking.runs import stage_run
 from gptlab.training.config import TrainConfig
 from gptlab.training.distributed import is_main
 from gptlab.training.loop import TrainResult, fit
@@ -127,7 +128,7 @@ class TrainingRun:
 
         The book's loss figure is logged as `<kind>/loss.png`. `skip` names report files the
         stage logged itself (figures); `kind` and `model_defaults` are those of the registered
-        model (gptlab.tracking.registry).
+        model (gptlab.tracking.registry) and its params' defaults (gptlab.serving.specs).
         """
         save_model(model, model_dir, dict(metadata))
         self.tracker.record_checkpoint(model_dir)
@@ -165,17 +166,17 @@ class TrainingRun:
             f"{kind}/training_seconds.json",
         )
         if self.params.tracking.log_models:  # as the other logging: sent later while the server is lost
-            self.tracker.send(
-                lambda: log_model(
-                    self.tracker,
-                    kind,
-                    model_dir,
-                    experiment=self.params.tracking.experiment,
-                    bpe_files=self.params.data.bpe_files(),
-                    defaults=model_defaults,
-                    headline=final,
-                )
-            )
+            self.tracker.send(lambda: self.register_model(kind, model_dir, model_defaults, final))
+
+    def register_model(
+        self, kind: str, model_dir: Path, defaults: Mapping[str, Any], headline: Mapping[str, float]
+    ) -> None:
+        """Log and register the checkpoint as the MLflow model of its kind (gptlab.serving.specs)."""
+        # mlflow.models and pandas with it: as a run publishes its model, never as a stage starts
+        from gptlab.serving.specs import model_spec
+
+        spec = model_spec(kind, model_dir, self.params.data.bpe_files(), defaults)
+        log_model(self.tracker, kind, spec, experiment=self.params.tracking.experiment, headline=headline)
 
 
 def loss_figure(result: TrainResult) -> Figure:

@@ -1,7 +1,7 @@
 """What a request to a trained model may ask, checked the same way wherever it comes from.
 
 `gptlab classify` and `gptlab chat` check their arguments here, and the served models
-(gptlab.tracking.pyfunc_models) their rows and params: a bad value is one `RequestError`
+(gptlab.serving.pyfunc_models) their rows and params: a bad value is one `RequestError`
 line that starts with the field (an option, a column and row, a param), before any work,
 never an error deep in torch. Each caller names its fields in its own terms (`--batch-size`
 on the command line, `batch_size` in a served request).

@@ -1,1 +1,1 @@
-"""The tracking layer: MLflow runs, tags and metrics, lineage, and the logged, registered and servable models."""
+"""The tracking layer: MLflow runs, tags and metrics, lineage, and the logged and registered models."""

@@ -3,9 +3,9 @@
 A run's tags name its git commit (and dirty state), the `dvc repro` it belongs to,
 its host and pid, a hash of its params and the DVC experiment. The datasets it
 read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
-its weights, by which a run that starts from that checkpoint finds (and links)
-the run that wrote it. The functions here build tags and inputs; `tracking.StageRun`
-logs them.
+its weights (as its manifest recorded it at save), by which a run that starts from
+that checkpoint finds (and links) the run that wrote it. The functions here build
+tags and inputs; `tracking.buffered_run.StageRun` logs them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gptlab.environment import PIPELINE_RUN_ENV, SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
 from gptlab.tracking.ui import ui_link
 
-if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.imported_mlflow says why)
+if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.store.imported_mlflow says why)
     from mlflow.entities import DatasetInput
     from mlflow.tracking import MlflowClient
 
@@ -112,7 +112,7 @@ def dataset_input(
     The digest is what DVC writes to dvc.lock for the path (see `dvc_md5`), computed here
     because dvc.lock's entry for a stage's dependency is only updated after the stage has run.
     """
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path)
@@ -128,13 +128,13 @@ def dataset_input(
 
 
 def checkpoint_tags(checkpoint: Path | str) -> dict[str, str]:
-    """The tag naming a run as the writer of `checkpoint`: the sha256 of its weights.
+    """The tag naming a run as the writer of `checkpoint`: the sha256 of its weights (`weights_digest`).
 
     The checkpoint itself does not name the run: a retrain with the same params
     must write the same bytes (DVC then reruns nothing downstream), and the
     weights' hash finds the run just as well.
     """
-    return {CHECKPOINT_TAG: weights_sha256(checkpoint)}
+    return {CHECKPOINT_TAG: weights_digest(checkpoint)}
 
 
 def upstream_tags(
@@ -145,7 +145,7 @@ def upstream_tags(
     Each run links one step up, so the UI walks instruct -> load-gpt2 -> pretrain.
     """
     stage = str(metadata.get("stage") or "unknown")
-    digest = weights_sha256(checkpoint)
+    digest = weights_digest(checkpoint)
     checkpoint = Path(checkpoint).as_posix()
     tags = {"gptlab.upstream_checkpoint": checkpoint, "gptlab.upstream_stage": stage}
     experiments = [e.experiment_id for e in client.search_experiments()]
@@ -166,10 +166,15 @@ def upstream_tags(
     return tags
 
 
-def weights_sha256(checkpoint: Path | str) -> str:
-    """sha256 of a checkpoint folder's weights file: what identifies a model across runs."""
-    with (Path(checkpoint) / "model.safetensors").open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
+def weights_digest(checkpoint: Path | str) -> str:
+    """The sha256 of a checkpoint's weights, what identifies a model across runs, as its manifest recorded it.
+
+    Read, not computed again: saving the checkpoint hashed its weights once, and whatever loads
+    them checks them against this digest. Read here, not through gptlab.model.checkpoint, which
+    would bring torch, and the model's code as dvc.yaml deps, to every stage that logs.
+    """
+    manifest = json.loads((Path(checkpoint) / "manifest.json").read_text(encoding="utf-8"))
+    return manifest["sha256"]["model.safetensors"]
 
 
 def dvc_md5(path: Path | str) -> str:

@@ -1,28 +1,31 @@
 """Trained checkpoints as MLflow models: logged by their run, registered, promoted, read back.
 
-Each training stage's checkpoint becomes a pyfunc model of its run, registered as a
-new version of `<experiment>-<kind>` (gptlab-spam, ...); `promote` points the
-`champion` alias at one version, and `downloaded_model` fetches a logged model's
-files for the CLI. The registry is the tracking store's (`tracking.tracking_uri`).
-A checkpoint is logged only once it matches its manifest (which it carries along), and
-a model whose files cannot all be written (a full disk) leaves none behind.
+Each training stage's checkpoint becomes a pyfunc model of its run (the `PyfuncSpec`
+that gptlab.serving.specs builds for it), registered as a new version of
+`<experiment>-<kind>` (gptlab-spam, ...); `promote` points the `champion` alias at
+one version, and `downloaded_model` fetches a logged model's files for the CLI. The
+registry is the tracking store's (`tracking.store.tracking_uri`). A checkpoint is
+logged only once its files have the sizes its manifest records (the manifest goes
+along, and the SHA-256 it records, computed once as the checkpoint was saved, is
+checked whenever the model loads), and a model whose files cannot all be written
+(a full disk) leaves none behind.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.errors import GptlabError
-from gptlab.tracking.runs import (
-    StageRun,
+from gptlab.tracking.buffered_run import StageRun
+from gptlab.tracking.store import (
     StoreError,
     check_reachable,
     imported_mlflow,
@@ -33,13 +36,16 @@ from gptlab.tracking.runs import (
 )
 from gptlab.tracking.ui import ui_link
 
-# Stage model kind -> (registered model name under the experiment, pyfunc kind of gptlab.tracking.pyfunc_models).
-MODEL_KINDS: dict[str, tuple[str, str]] = {
-    "pretrain": ("pretrain", "lm"),
-    "spam": ("spam", "spam"),
-    "instruct": ("instruct", "instruct"),
-}
+if TYPE_CHECKING:
+    from mlflow.models import ModelSignature
+
+# The kinds of model the training stages register, each as `<experiment>-<kind>`.
+MODEL_KINDS = ("pretrain", "spam", "instruct")
 CHAMPION = "champion"
+# Artifact names inside a logged model (MLmodel's python_function.artifacts).
+CHECKPOINT = "checkpoint"
+VOCAB_BPE = "vocab_bpe"
+ENCODER_JSON = "encoder_json"
 
 # MLflow draws a progress bar for every artifact download: one for a model's 87 files when the CLI
 # loads models:/..., another inside pyfunc.log_model when a stage logs one. Noise in a terminal and
@@ -47,59 +53,56 @@ CHAMPION = "champion"
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+@dataclass(frozen=True)
+class PyfuncSpec:
+    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model (gptlab.serving.specs builds it)."""
+
+    python_model: str  # the models-from-code file
+    model_config: dict[str, str]
+    artifacts: dict[str, str]  # CHECKPOINT, VOCAB_BPE and ENCODER_JSON: their local paths
+    code_paths: list[str]
+    signature: ModelSignature
+    input_example: Any
+    pip_requirements: list[str]
+
+
 def registered_model_name(experiment: str, kind: str) -> str:
     """`gptlab-spam` for the spam model of experiment `gptlab`; another experiment gets its own names."""
-    return f"{experiment}-{MODEL_KINDS[kind][0]}"
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {kind!r}: expected one of {MODEL_KINDS}")
+    return f"{experiment}-{kind}"
 
 
 def log_model(
-    run: StageRun,
-    kind: str,
-    checkpoint: Path | str,
-    *,
-    experiment: str,
-    bpe_files: tuple[Path, Path],
-    defaults: Mapping[str, Any],
-    headline: Mapping[str, float],
+    run: StageRun, kind: str, spec: PyfuncSpec, *, experiment: str, headline: Mapping[str, float]
 ) -> str | None:
     """Log a checkpoint folder as `run`'s MLflow pyfunc model and register it as a new version.
 
-    `kind` is pretrain, spam or instruct; `bpe_files` GPT-2's vocab.bpe and encoder.json;
-    `defaults` the defaults of the signature's params (max_new_tokens, ...); `headline`
-    the run's final metrics, quoted in the version's description. The model
+    `kind` is pretrain, spam or instruct; `spec` the pyfunc model of its checkpoint;
+    `headline` the run's final metrics, quoted in the version's description. The model
     holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
     as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),
     or None for the disabled run (torchrun ranks other than 0), which logs nothing. A checkpoint
-    that does not match its manifest is refused; a write that fails in the artifact store is one
-    line naming it, and the failed model's partial files are deleted.
+    cut short (a file not of its manifest's size, or no manifest) is refused; a write that fails in
+    the artifact store is one line naming it, and the failed model's partial files are deleted.
     """
     if run.run_id is None:
         return None
     # torch with it: here, not at the top, so that `gptlab promote` does not wait for it
-    from gptlab.model.checkpoint import verify_model_folder
+    from gptlab.model.checkpoint import recorded_digests
 
-    verify_model_folder(checkpoint)
+    recorded_digests(spec.artifacts[CHECKPOINT])  # complete as saved; its digests are checked as it loads
     with store_errors(run.uri):
-        return _log_model(run, kind, checkpoint, experiment, bpe_files, defaults, headline)
+        return _log_model(run, kind, spec, experiment, headline)
 
 
 def _log_model(
-    run: StageRun,
-    kind: str,
-    checkpoint: Path | str,
-    experiment: str,
-    bpe_files: tuple[Path, Path],
-    defaults: Mapping[str, Any],
-    headline: Mapping[str, float],
+    run: StageRun, kind: str, spec: PyfuncSpec, experiment: str, headline: Mapping[str, float]
 ) -> str:
-    # By name: gptlab.pyfunc_models (and mlflow.pyfunc) stay out of the stages' import closure.
-    pyfunc_models = importlib.import_module("gptlab.tracking.pyfunc_models")
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.models import Model
 
-    vocab_bpe, encoder_json = bpe_files
-    spec = pyfunc_models.model_spec(MODEL_KINDS[kind][1], checkpoint, vocab_bpe, encoder_json, dict(defaults))
     name = registered_model_name(experiment, kind)
     # Model.log creates the model through the fluent API: its store, and the run's experiment.
     mlflow.set_tracking_uri(tracking_uri())
@@ -136,7 +139,7 @@ def _unwritten_model(mlflow: ModuleType, run: StageRun, kind: str, exc: OSError)
     MLflow has marked the model FAILED; one of this run's FAILED models only, never another's.
     It writes the model into a temporary folder first, then copies that into the artifact store.
     """
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.entities import LoggedModelStatus
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
@@ -179,7 +182,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
     params in its signature (max_new_tokens, ...).
     """
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
@@ -204,7 +207,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
         model = Model.load(local)
         artifacts = model.flavors.get("python_function", {}).get("artifacts", {})
         found = {name: local / entry["path"] for name, entry in artifacts.items()}
-        if not {"checkpoint", "vocab_bpe", "encoder_json"} <= found.keys():
+        if not {CHECKPOINT, VOCAB_BPE, ENCODER_JSON} <= found.keys():
             raise GptlabError(f"{uri} is not a gptlab model: it lacks a checkpoint and GPT-2's BPE files")
         params = model.signature.params if model.signature is not None else None
         yield found, {spec.name: spec.default for spec in params.params} if params is not None else {}
@@ -213,7 +216,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:
     """Point `alias` of registered model `name` at `version`; returns the models:/NAME@ALIAS URI."""
     mlflow = imported_mlflow()
-    # mlflow on first use: see tracking.runs.imported_mlflow
+    # mlflow on first use: see tracking.store.imported_mlflow
     from mlflow.exceptions import MlflowException
 
     store = tracking_uri()

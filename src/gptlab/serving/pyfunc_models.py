@@ -1,12 +1,10 @@
 """gptlab's checkpoints as MLflow pyfunc models: what `mlflow.pyfunc.load_model` and `mlflow models serve` run.
 
-Besides runs.py, lineage.py and registry.py, this module (with its three-line
-models-from-code file, pyfunc_model_code.py) is the one that imports mlflow (`mlflow.pyfunc`
-and its schema types): a pyfunc model is a subclass of `mlflow.pyfunc.PythonModel`.
-`registry.log_model` imports it lazily, by name, so it is part of no
-stage's import closure (dvc.yaml's deps): how a model is served changes no
-stage output, and editing this file reruns no training. Models are logged from
-code (pyfunc_model_code.py, the kind in `model_config`), so nothing is pickled.
+It imports mlflow at its top (`mlflow.pyfunc`): a pyfunc model is a subclass of
+`mlflow.pyfunc.PythonModel`. MLflow loads it through the models-from-code file
+pyfunc_model_code.py (the kind in `model_config`), so nothing is pickled; what a
+model is logged as (its signature, example and artifacts) is specs.py's, which
+the training stages import instead, so this module is part of no stage's code.
 
 A logged model holds, as artifacts, the checkpoint folder (`model.safetensors` +
 `config.json` + `manifest.json`, the weights' only copy in MLflow, checked against the
@@ -38,48 +36,27 @@ stack trace.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from importlib import metadata as package_metadata
-from pathlib import Path
 from typing import Any, get_args
 
 import mlflow.pyfunc
 import pandas as pd
 import torch
 from mlflow.exceptions import MlflowException
-from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-import gptlab
 from gptlab.model.checkpoint import load_model
 from gptlab.model.config import SampleConfig
 from gptlab.model.generate import generate_text
 from gptlab.model.tokenizer import gpt2_tokenizer
+from gptlab.serving.specs import KIND_KEY, KINDS
 from gptlab.tasks import request
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import fit_to_context, generate_response
+from gptlab.tracking.registry import CHECKPOINT, ENCODER_JSON, VOCAB_BPE
 from gptlab.training.runtime import Precision, inference_dtype, resolve_device
 
-# Artifact names inside a logged model (MLmodel's python_function.artifacts).
-CHECKPOINT = "checkpoint"
-VOCAB_BPE = "vocab_bpe"
-ENCODER_JSON = "encoder_json"
-KINDS = ("spam", "instruct", "lm")
 DEVICE_ENV = "GPTLAB_DEVICE"
 PRECISION_ENV = "GPTLAB_PRECISION"
-# What the gptlab modules a model runs import (pinned to the versions that logged it).
-REQUIREMENTS = (
-    "torch",
-    "tiktoken",
-    "safetensors",
-    "numpy",
-    "pandas",
-    "scikit-learn",
-    "tqdm",
-    "pyyaml",
-    "rouge-score",
-)
 
 
 class _Checkpoint(mlflow.pyfunc.PythonModel):
@@ -180,8 +157,6 @@ _CLASSES: dict[str, type[_Checkpoint]] = {
     "instruct": InstructionModel,
     "lm": TextGenerator,
 }
-# The key of a logged model's `model_config` that names its kind (also logged as a run param).
-KIND_KEY = "gptlab.model_kind"
 
 
 class GptlabModel(mlflow.pyfunc.PythonModel):
@@ -225,86 +200,6 @@ class BadModelInput(MlflowException, ValueError):
     def message(self, value: str) -> None:
         if not hasattr(self, "_line"):  # MlflowException.__init__'s; the server's rewrite is ignored
             self._line = value
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything `mlflow.pyfunc` needs to log one checkpoint as a model."""
-
-    python_model: str  # the models-from-code file
-    model_config: dict[str, str]
-    artifacts: dict[str, str]
-    code_paths: list[str]
-    signature: ModelSignature
-    input_example: Any
-    pip_requirements: list[str]
-
-
-def model_spec(
-    kind: str,
-    checkpoint: Path | str,
-    vocab_bpe: Path | str,
-    encoder_json: Path | str,
-    defaults: dict[str, Any] | None = None,
-) -> ModelSpec:
-    """The pyfunc model of `kind` (spam, instruct or lm) for a checkpoint folder and GPT-2's BPE files.
-
-    `defaults` are the params' defaults (instruct: max_new_tokens; lm: max_new_tokens,
-    temperature, top_k, seed), e.g. the stage's own settings.
-    """
-    defaults = defaults or {}
-    if kind == "spam":
-        inputs = Schema([ColSpec("string", "text")])
-        outputs = Schema([ColSpec("string", "label"), ColSpec("double", "spam_probability")])
-        param_specs = [ParamSpec("batch_size", "long", int(defaults.get("batch_size", 8)))]
-        example: Any = pd.DataFrame(
-            {"text": ["You are a winner! Claim your free prize now", "Are we still on for dinner tonight?"]}
-        )
-    elif kind == "instruct":
-        inputs = Schema([ColSpec("string", "instruction"), ColSpec("string", "input", required=False)])
-        outputs = Schema([ColSpec("string", "response")])
-        param_specs = [ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256)))]
-        # A short answer keeps the check MLflow runs on the example (when logging) quick.
-        example = (
-            pd.DataFrame(
-                {"instruction": ["Rewrite the sentence using a simile."], "input": ["The car is very fast."]}
-            ),
-            {"max_new_tokens": 8},
-        )
-    elif kind == "lm":
-        inputs = Schema([ColSpec("string", "prompt")])
-        outputs = Schema([ColSpec("string", "text")])
-        param_specs = [
-            ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 50))),
-            ParamSpec("temperature", "double", float(defaults.get("temperature", 0.0))),
-            ParamSpec("top_k", "long", int(defaults.get("top_k") or 0)),
-            ParamSpec("seed", "long", int(defaults.get("seed", 123))),
-        ]
-        example = (pd.DataFrame({"prompt": ["Every effort moves you"]}), {"max_new_tokens": 8})
-    else:
-        raise ValueError(f"unknown model kind {kind!r}: expected one of {KINDS}")
-    return ModelSpec(
-        python_model=str(Path(__file__).with_name("pyfunc_model_code.py")),
-        model_config={KIND_KEY: kind},
-        artifacts={CHECKPOINT: str(checkpoint), VOCAB_BPE: str(vocab_bpe), ENCODER_JSON: str(encoder_json)},
-        code_paths=[str(Path(gptlab.__file__).parent)],
-        signature=ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema(param_specs)),
-        input_example=example,
-        pip_requirements=requirements(),
-    )
-
-
-def requirements() -> list[str]:
-    """The packages a logged model needs, at this environment's versions (no local build labels)."""
-    pinned = []
-    for name in REQUIREMENTS:
-        try:
-            version = package_metadata.version(name).split("+")[0]
-        except package_metadata.PackageNotFoundError:
-            pinned.append(name)
-        else:
-            pinned.append(f"{name}=={version}")
-    return pinned
 
 
 def _column(frame: pd.DataFrame, column: str) -> list[Any]:

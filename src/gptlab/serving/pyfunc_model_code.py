@@ -3,11 +3,11 @@
 MLflow copies this file into each logged model and runs it when the model loads,
 with the gptlab package the model carries (`code_paths`) on sys.path; the model's
 `model_config` ({"gptlab.model_kind": "spam" | "instruct" | "lm"}) picks the
-pyfunc class of gptlab.tracking.pyfunc_models. Like that module, it imports mlflow.
+pyfunc class of gptlab.serving.pyfunc_models. Like that module, it imports mlflow.
 """
 
 from mlflow.models import set_model
 
-from gptlab.tracking.pyfunc_models import GptlabModel
+from gptlab.serving.pyfunc_models import GptlabModel
 
 set_model(GptlabModel())

@@ -1,0 +1,270 @@
+"""A stage's MLflow run as the stage logs to it: `StageRun`, whose logging outlives a lost server.
+
+Metrics, params and tags go out in batches through MLflow's client. A server
+that stops answering mid-run does not stop the training: what the run logs is
+kept in memory and sent once the server answers again (tried at most every
+RETRY_S seconds); `ensure_sent` waits GPTLAB_TRACKING_TIMEOUT seconds for what
+is still unsent at the stage's end, then fails in one line naming the URI.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
+
+from gptlab.tracking import lineage
+from gptlab.tracking.store import (
+    TIMEOUT_ENV,
+    StoreError,
+    TrackingLost,
+    first_line,
+    masked_uri,
+    server_answers,
+    server_lost,
+    store_failure,
+    tracking_timeout,
+)
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# While the server is lost, the least seconds between two tries to send the logging kept meanwhile.
+RETRY_S = 30.0
+# The most entries MLflow accepts in one log_batch call, per kind.
+_MAX_PARAMS = 100
+_MAX_METRICS = 1000
+_MAX_TAGS = 100
+
+_P = ParamSpec("_P")
+
+
+def _live(method: Callable[Concatenate[StageRun, _P], None]) -> Callable[Concatenate[StageRun, _P], None]:
+    """The method goes through `StageRun.send`: kept while the server is lost, nothing on NULL_RUN."""
+
+    @functools.wraps(method)
+    def guarded(self: StageRun, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        # Copies of the containers passed: one sent later must log what they held now.
+        frozen = [_snapshot(arg) for arg in args]
+        self.send(functools.partial(method, self, *frozen, **{k: _snapshot(v) for k, v in kwargs.items()}))
+
+    return guarded
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _snapshot(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_snapshot(item) for item in value]
+    return value
+
+
+class StageRun:
+    """A stage's MLflow run. Metrics go out in batches: one call per evaluation step.
+
+    Without a run (client and run_id None: NULL_RUN, the tracker of a torchrun process
+    other than rank 0) every method does nothing. While the server does not answer,
+    the calls are kept (`unsent`) and sent in order once it does.
+    """
+
+    def __init__(self, client: MlflowClient | None, run_id: str | None, uri: str = "") -> None:
+        self.client = client
+        self.run_id = run_id
+        self.uri = uri
+        self.unsent: list[Callable[[], object]] = []
+        self.lost: str | None = None  # why the server stopped answering, while it does not
+        self._next_try = 0.0
+        self._sending = False
+
+    def send(self, action: Callable[[], object]) -> None:
+        """Run `action` (calls to the tracking server) now, or keep it while the server is lost."""
+        if self.run_id is None:
+            return
+        if self._sending:  # called by an action being sent (record_checkpoint's set_tags): part of it
+            action()
+            return
+        self.unsent.append(action)
+        if self.lost is not None:
+            if time.monotonic() < self._next_try:
+                return
+            self._next_try = time.monotonic() + RETRY_S
+            if not server_answers(self.uri):
+                return
+        self._send_unsent()
+
+    def _send_unsent(self) -> bool:
+        """Send the kept calls in order; False, the server marked lost, when it does not answer."""
+        while self.unsent:
+            self._sending = True
+            try:
+                self.unsent[0]()
+            except Exception as exc:
+                if not server_lost(exc):
+                    self.unsent.pop(0)  # a bug or a refused call, not a lost server: never sent again
+                    if (said := store_failure(self.uri, exc)) is not None:
+                        raise StoreError(said) from None
+                    raise
+                if self.lost is None:
+                    print(
+                        f"warning: MLflow tracking server {masked_uri(self.uri)} stopped answering; the stage goes on "
+                        f"and its logging is kept to send once the server answers ({first_line(exc)})",
+                        file=sys.stderr,
+                    )
+                self.lost = first_line(exc)
+                self._next_try = time.monotonic() + RETRY_S
+                return False
+            finally:
+                self._sending = False
+            self.unsent.pop(0)
+        if self.lost is not None:
+            print(
+                f"MLflow tracking server {masked_uri(self.uri)} answers again: the kept logging is sent",
+                file=sys.stderr,
+            )
+            self.lost = None
+        return True
+
+    def ensure_sent(self, rerun: str) -> None:
+        """Send what is kept, waiting up to GPTLAB_TRACKING_TIMEOUT s for the server; else TrackingLost.
+
+        `rerun` says what a rerun of the stage does; it ends the error's line.
+        """
+        if not self.unsent:
+            return
+        deadline = time.monotonic() + tracking_timeout()
+        while not (server_answers(self.uri) and self._send_unsent()):
+            if time.monotonic() >= deadline:
+                raise TrackingLost(
+                    f"MLflow tracking server {masked_uri(self.uri)} stopped answering during the run ({self.lost}) and "
+                    f"{len(self.unsent)} logging calls could not be sent (waited {tracking_timeout():g} s, set "
+                    f"{TIMEOUT_ENV} to wait longer): {rerun}"
+                )
+            time.sleep(1)
+
+    @_live
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        for i in range(0, len(entries), _MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
+
+    @_live
+    def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
+        """Log curves (train_loss, val_loss, lr ... per step) under curves/, in as few calls as possible."""
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [
+            Metric(f"{CURVES}/{k}", float(v), now, int(row[step_key]))
+            for row in rows
+            for k, v in row.items()
+            if k != step_key and v is not None
+        ]
+        for i in range(0, len(entries), _MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
+
+    @_live
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.entities import Param
+
+        entries = [Param(k, _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(entries), _MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=entries[i : i + _MAX_PARAMS])
+
+    @_live
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.entities import RunTag
+
+        entries = [RunTag(k, str(v)) for k, v in tags.items()]
+        for i in range(0, len(entries), _MAX_TAGS):
+            self.client.log_batch(self.run_id, tags=entries[i : i + _MAX_TAGS])
+
+    @_live
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    @_live
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    @_live
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        self.client.log_figure(self.run_id, figure, artifact_file)
+
+    @_live
+    def log_table(self, data: Any, artifact_file: str) -> None:
+        """A table (dict of columns or pandas DataFrame) the MLflow UI shows in its evaluation view."""
+        self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
+
+    @_live
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    @_live
+    def log_reports(self, folder: Path | str, artifact_path: str, skip: tuple[str, ...] = ()) -> None:
+        """The files of a stage's reports folder, except those (figures) already logged on their own."""
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file() and path.name not in skip:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    @_live
+    def log_input(
+        self, name: str, path: Path | str, *, context: str, profile: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record a dataset the run read: its path, DVC content hash and split sizes (lineage.dataset_input).
+
+        MLflow looks the dataset up, then inserts it: a parallel stage (a sweep's other variant) that
+        inserted it in between breaks the store's unique key. Then the look-up finds it: once more.
+        """
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.exceptions import MlflowException
+
+        inputs = [lineage.dataset_input(name, path, context=context, profile=profile)]
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except MlflowException as exc:
+            if server_lost(exc):
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
+
+    @_live
+    def record_checkpoint(self, checkpoint: Path | str) -> None:
+        """Tag this run as the writer of `checkpoint`, by the sha256 of its weights."""
+        self.set_tags(lineage.checkpoint_tags(checkpoint))
+
+    @_live
+    def link_upstream(self, checkpoint: Path | str, metadata: Mapping[str, Any]) -> None:
+        """Tag (and link in the description) the run that wrote `checkpoint`, this run's upstream."""
+        self.set_tags(lineage.upstream_tags(self.client, checkpoint, metadata))
+
+
+NULL_RUN = StageRun(None, None)
+
+
+def _param_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text if len(text) <= 6000 else text[:5997] + "..."
+
+
+# The MLflow UI draws each `/` prefix of a metric's name as a section of charts, sections sorted
+# by name and unprefixed metrics last: curves first, then the single values under eval/, final/,
+# initial/ (section), and system/ on its own tab.
+CURVES = "curves"
+
+
+def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """`metrics` under `name/` (initial_val_loss -> initial/val_loss): one section of the UI's charts."""
+    return {f"{name}/{key.removeprefix(name + '_')}": value for key, value in metrics.items()}
