@@ -33,8 +33,8 @@ from torch import nn
 from gptlab.data.spam import SPLITS, SUBDIR, SpamDataset
 from gptlab.errors import InputError
 from gptlab.files import write_csv, write_figure
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, read_config
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.model.tokenizer import gpt2_tokenizer

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gptlab.model import gpt
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout
 from gptlab.model.fast_kernels import (
@@ -19,7 +20,6 @@ from gptlab.model.fast_kernels import (
     FusedQKVAttention,
     FusedQKVSdpaAttention,
     SdpaAttention,
-    build_gpt,
 )
 from gptlab.model.gpt import GPTModel
 

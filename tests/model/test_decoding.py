@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gptlab.model import generate as generation
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.decoding import FusedDecoder
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel, KVCache
 from gptlab.model.lora import add_lora

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout, dropout, keep_mask
-from gptlab.model.fast_kernels import build_gpt, with_kernels
+from gptlab.model.fast_kernels import with_kernels
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel, MultiHeadAttention
 from gptlab.training import chunked_loss

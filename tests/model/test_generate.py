@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gptlab.errors import InputError
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig, SampleConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import _top_p_filter, generate, generate_each, generate_text
 from gptlab.model.gpt import GPTModel, KVCache
 

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
 from gptlab.errors import GptlabError
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -31,7 +32,6 @@ from gptlab.model.checkpoint import (
     write_model_manifest,
 )
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import classify_texts, make_classifier
 from gptlab.tracking.registry import log_model

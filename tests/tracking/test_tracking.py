@@ -23,8 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.data.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id
 from gptlab.tracking.runs import NULL_RUN, run_title, stage_run, tracking_uri

@@ -1,4 +1,4 @@
-"""The speed paths of the book's GPT-2 (gpt.py), and `build_gpt`, which builds the model a ModelConfig names.
+"""The speed paths of the book's GPT-2 (gpt.py): stand-ins for its modules, with the same maths and parameters.
 
 Two settings choose them, each with the same maths and parameter names as the book:
 
@@ -8,10 +8,10 @@ Two settings choose them, each with the same maths and parameter names as the bo
   one matmul for the queries, keys and values, decoding steps against weights
   laid out (in, out), and dropout masks drawn 16 bits an element (dropout.py).
 
-They plug in by module replacement, as LoRA does: `build_gpt` builds the book's
-model, so that the random weights are the book's whatever the settings (seed,
-then build), and `with_kernels` swaps its modules for subclasses holding the same
-parameters, built on the meta device so nothing is drawn twice. The model stays
+They plug in by module replacement, as LoRA does: build.py's `build_gpt` builds
+the book's model, so that the random weights are the book's whatever the settings
+(seed, then build), and `with_kernels` swaps its modules for subclasses holding the
+same parameters, built on the meta device so nothing is drawn twice. The model stays
 a GPTModel with the book's parameter names: checkpoints load unchanged.
 """
 
@@ -24,19 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout, uses_keep_mask
-from gptlab.model.gpt import GELU, GPTModel, LayerNorm, MultiHeadAttention, future_mask
+from gptlab.model.gpt import GELU, LayerNorm, MultiHeadAttention, future_mask
 
 # Rows up to which a CPU matmul is a decoding step: one token per sequence, a batch of one or two.
 DECODE_ROWS = 2
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def build_gpt(cfg: ModelConfig) -> GPTModel:
-    """The GPTModel `cfg` describes, computing with the kernels and attention it names."""
-    return with_kernels(GPTModel(cfg), cfg.kernels, cfg.attention)
 
 
 def with_kernels(module: M, kernels: str, attention: str) -> M:

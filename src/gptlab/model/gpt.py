@@ -8,9 +8,9 @@ that after `torch.manual_seed(123)` a freshly built model holds exactly the
 book's random weights.
 
 The speed paths (torch's fused kernels, scaled dot-product attention, decoding
-against weights laid out for it) live in fast_kernels.py, whose `build_gpt`
-builds the model a ModelConfig describes. No I/O here: checkpoints live in
-checkpoint.py.
+against weights laid out for it) live in fast_kernels.py, and build.py's
+`build_gpt` builds the model a ModelConfig describes. No I/O here: checkpoints
+live in checkpoint.py.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class GPTModel(nn.Module):
     """GPT-2: token and position embeddings, `n_layers` transformer blocks, a final norm and an output head.
 
     Built from `cfg`'s sizes with the book's kernels; `cfg.kernels` and
-    `cfg.attention` are fast_kernels.build_gpt's to apply.
+    `cfg.attention` are build.build_gpt's to apply.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
