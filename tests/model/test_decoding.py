@@ -12,7 +12,8 @@ from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.decoding import FusedDecoder
 from gptlab.model.generate import generate
-from gptlab.model.gpt import GPTModel, KVCache
+from gptlab.model.gpt import GPTModel
+from gptlab.model.kv_cache import KVCache
 from gptlab.model.lora import add_lora
 
 FUSED = ModelConfig(

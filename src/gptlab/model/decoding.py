@@ -23,7 +23,8 @@ from gptlab.model.fast_kernels import (
     decode_linear,
     is_decoding_step,
 )
-from gptlab.model.gpt import GELU, GPTModel, KVCache, LayerNorm
+from gptlab.model.gpt import GELU, GPTModel, LayerNorm
+from gptlab.model.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

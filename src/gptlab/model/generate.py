@@ -3,8 +3,9 @@
 This is the book's chapter 5 `generate` (top-k, then temperature, then
 `torch.multinomial` on the global RNG, so seeded samples match the book's;
 `generate_text` seeds it inside a fork, leaving the caller's RNG untouched),
-extended with nucleus (top-p) filtering and a KV cache. The cache changes
-only the speed: greedy output is the same token for token as without it.
+extended with nucleus (top-p) filtering and a KV cache (kv_cache.py). The
+cache changes only the speed: greedy output is the same token for token as
+without it.
 No progress bars: callers generate short continuations inside their own loops.
 """
 
@@ -18,7 +19,8 @@ import torch
 from gptlab.errors import InputError
 from gptlab.model.config import SampleConfig
 from gptlab.model.decoding import FusedDecoder
-from gptlab.model.gpt import GPTModel, KVCache
+from gptlab.model.gpt import GPTModel
+from gptlab.model.kv_cache import KVCache
 from gptlab.model.tokenizer import text_to_token_ids, token_ids_to_text
 
 
