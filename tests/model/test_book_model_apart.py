@@ -10,7 +10,9 @@ from gptlab.model import gpt
 SPEED_NAMES = {
     "DecodeWeight",
     "DecodeLinear",
-    "decode_linear",
+    "DecodeProjection",
+    "decoding_projection",
+    "decoding_qkv",
     "is_decoding_step",
     "linear_class",
     "dropout_class",

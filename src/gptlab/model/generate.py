@@ -68,7 +68,7 @@ def generate(
     cache = KVCache(model.cfg.n_layers, context_length, pad)
     was_training = model.training
     model.eval()
-    decoder = FusedDecoder(model) if FusedDecoder.fits(model, idx) else None
+    decoder = FusedDecoder(model)  # past the modules where they would decode, else through them
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -79,10 +79,8 @@ def generate(
                 # window, exactly what the uncached path computes.
                 cache.reset()
                 hidden = model.hidden_states(idx[:, -context_length:], cache)
-            elif decoder is not None:
-                hidden = decoder.hidden_states(idx[:, -1:], cache)  # the same, without the module calls
-            else:
-                hidden = model.hidden_states(idx[:, -1:], cache)  # only the newest token; the rest is cached
+            else:  # only the newest token; the rest is cached
+                hidden = decoder.hidden_states(idx[:, -1:], cache)
             logits = model.out_head(hidden[:, -1])  # (b, vocab): the prompt's other positions need none
             idx_next = _pick(logits, temperature, top_k, top_p)  # (b, 1)
             if eos_id is not None:

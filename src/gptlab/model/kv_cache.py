@@ -1,4 +1,4 @@
-"""The KV cache of generation: each attention layer's keys and values kept, so a new token costs one token's forward.
+"""The KV cache of generation: each attention layer's keys and values, so a new token costs one forward.
 
 As the book's bonus material adds one to chapter 4's model: the blocks append
 their new keys and values here and attend over all of them. Left-padded batches
