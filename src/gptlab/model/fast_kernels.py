@@ -203,7 +203,7 @@ class SdpaAttention(MultiHeadAttention):
             return super().attend(q, k, v, allowed)
         if allowed is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        # One query (a decoding step) sees every key: no mask at all.
+        # One query (a step after the cached keys) sees every key: no mask at all.
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
 
     def biased_softmax(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
