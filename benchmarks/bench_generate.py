@@ -38,8 +38,8 @@ from collections.abc import Callable
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import gptlab_to_hf, hf_config

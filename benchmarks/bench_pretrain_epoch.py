@@ -26,7 +26,7 @@ import torch
 from benchmarks.bench_train_step import FAST_PROFILE, step_flops
 from gptlab.data.verdict import GPTDatasetV1, encode, split_text
 from gptlab.experiments.profiles import profile_params
-from gptlab.model.fast_kernels import build_gpt
+from gptlab.model.build import build_gpt
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.pipeline.params import PARAMS_FILE
 from gptlab.training.chunked_loss import language_model_loss

@@ -136,7 +136,7 @@ def book_loop(params_file: Path) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from gptlab.data.verdict import GPTDatasetV1
-    from gptlab.model.fast_kernels import build_gpt
+    from gptlab.model.build import build_gpt
     from gptlab.model.tokenizer import load_tokenizer
     from gptlab.pipeline.params import load_params
 

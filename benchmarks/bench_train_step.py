@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.experiments.profiles import profile_params
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.memory import keep_freed_memory
 from gptlab.pipeline.params import PARAMS_FILE, load_params
 from gptlab.training.chunked_loss import language_model_loss

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
-from gptlab.model.fast_kernels import build_gpt
+from gptlab.model.build import build_gpt
 from gptlab.model.generate import generate_text
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS

@@ -59,8 +59,8 @@ def checkpoint(tmp_path: Path) -> Path:
     # torch: imported only by the tests that ask for a checkpoint, not by every test's start
     import torch
 
+    from gptlab.model.build import build_gpt
     from gptlab.model.checkpoint import save_model
-    from gptlab.model.fast_kernels import build_gpt
 
     torch.manual_seed(0)
     return save_model(build_gpt(TINY_GPT).eval(), tmp_path / "models" / "pretrain", {"stage": "pretrain"})

@@ -12,9 +12,9 @@ import torch
 
 from gptlab.cli.main import main
 from gptlab.data.instruct import PREAMBLE
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks import responses
 

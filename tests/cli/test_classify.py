@@ -16,9 +16,9 @@ import torch
 
 from gptlab.cli.classify import _read_texts
 from gptlab.cli.main import main
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.tasks.classifier import make_classifier
 
 from helpers import one_line_error

@@ -33,8 +33,8 @@ from gptlab.experiments.sweep import (
     to_csv,
     to_markdown,
 )
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.lora import add_lora
 from gptlab.schema import ConfigError, flatten
 from gptlab.tasks.classifier import count_trainable, make_classifier

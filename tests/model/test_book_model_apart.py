@@ -1,33 +1,18 @@
-"""gpt.py holds the book's model alone; the speed paths (fast_kernels.py) plug in, its weights unchanged."""
+"""gpt.py holds the book's chapter 4 model alone: its six classes, no speed path, no cache, no kernel choice."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 
-import pytest
-import torch
-
 from gptlab.model import gpt
-from gptlab.model.config import ModelConfig
-from gptlab.model.dropout import Dropout
-from gptlab.model.fast_kernels import (
-    DecodeLinear,
-    FusedGELU,
-    FusedLayerNorm,
-    FusedQKVAttention,
-    FusedQKVSdpaAttention,
-    SdpaAttention,
-    build_gpt,
-)
-from gptlab.model.gpt import GPTModel
 
-SMALL = ModelConfig(vocab_size=97, context_length=24, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
 SPEED_NAMES = {
     "DecodeWeight",
     "DecodeLinear",
-    "decode_linear",
+    "DecodeProjection",
+    "decoding_projection",
+    "decoding_qkv",
     "is_decoding_step",
     "linear_class",
     "dropout_class",
@@ -35,12 +20,6 @@ SPEED_NAMES = {
     "biased_softmax",
     "scaled_dot_product_attention",
     "_sdpa",
-}
-# What each setting swaps in: the attention class, and whether the fused kernels' modules are there.
-VARIANTS = {
-    ("book", "sdpa"): (SdpaAttention, False),
-    ("fused", "masked_softmax"): (FusedQKVAttention, True),
-    ("fused", "sdpa"): (FusedQKVSdpaAttention, True),
 }
 
 
@@ -62,34 +41,23 @@ def test_gpt_py_names_no_speed_path_and_chooses_no_kernel() -> None:
     assert "gptlab.model.dropout" not in source and "fast_kernels import" not in source
 
 
-@pytest.mark.parametrize(("kernels", "attention"), list(VARIANTS))
-def test_each_variant_is_the_books_model_with_its_weights_and_its_outputs(
-    kernels: str, attention: str
-) -> None:
-    torch.manual_seed(123)
-    book = GPTModel(SMALL).eval()
-    torch.manual_seed(123)
-    fast = build_gpt(dataclasses.replace(SMALL, kernels=kernels, attention=attention)).eval()
-    assert isinstance(fast, GPTModel)
-    attention_class, fused = VARIANTS[kernels, attention]
-    kinds = {type(m) for m in fast.modules()}
-    assert attention_class in kinds
-    if fused:
-        assert {DecodeLinear, FusedLayerNorm, FusedGELU, Dropout} <= kinds
-    else:
-        assert kinds.isdisjoint({DecodeLinear, FusedLayerNorm, FusedGELU, Dropout})
-    book_state, fast_state = book.state_dict(), fast.state_dict()
-    assert list(fast_state) == list(book_state)  # same names in the same order: checkpoints load unchanged
-    for name, tensor in book_state.items():
-        assert torch.equal(fast_state[name], tensor), name  # same random draws, in the same order
-    ids = torch.randint(
-        0, SMALL.vocab_size, (2, SMALL.context_length), generator=torch.Generator().manual_seed(0)
-    )
-    with torch.no_grad():
-        torch.testing.assert_close(fast(ids), book(ids))
+CHAPTER_4 = {"LayerNorm", "GELU", "FeedForward", "MultiHeadAttention", "TransformerBlock", "GPTModel"}
 
 
-def test_the_books_settings_build_the_books_modules_only() -> None:
-    model = build_gpt(dataclasses.replace(SMALL, kernels="book", attention="masked_softmax"))
-    where = {type(m).__module__ for m in model.modules()}
-    assert all(name == gpt.__name__ or name.startswith("torch.nn.modules.") for name in where), where
+def test_gpt_py_defines_chapter_4s_classes_and_nothing_else() -> None:
+    """Its six classes and chapter 3's causal mask; the cache (kv_cache.py) and the rest live elsewhere."""
+    classes, functions, other = set(), set(), []
+    for node in ast.parse(inspect.getsource(gpt)).body:
+        if isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+        elif isinstance(node, ast.FunctionDef):
+            functions.add(node.name)
+        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` imports, for the cache's annotations
+            assert all(isinstance(n, ast.Import | ast.ImportFrom) for n in node.body), ast.unparse(node)
+        elif not isinstance(node, ast.Import | ast.ImportFrom) and not (
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)  # the docstring
+        ):
+            other.append(ast.unparse(node))
+    assert classes == CHAPTER_4
+    assert functions <= {"future_mask"}
+    assert not other

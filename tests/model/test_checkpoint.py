@@ -13,6 +13,7 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.files import atomic_path
 from gptlab.model import checkpoint
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import (
     CheckpointError,
     cpu_weights,
@@ -26,7 +27,6 @@ from gptlab.model.checkpoint import (
     save_training_checkpoint,
 )
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.training.resume import resume_folder, run_fingerprint
 

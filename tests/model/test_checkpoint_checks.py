@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from gptlab.cli.main import main
 from gptlab.files import sha256_file
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -22,7 +23,6 @@ from gptlab.model.checkpoint import (
     save_model,
     write_model_manifest,
 )
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.tasks.classifier import make_classifier
 
 from helpers import TINY_GPT, flip_tensor_bits, one_line_error

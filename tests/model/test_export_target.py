@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gptlab.cli.main import main
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.hf_gpt2 import load_hf_folder
 
 from helpers import TINY_GPT, one_line_error, snapshot

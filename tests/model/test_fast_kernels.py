@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout, dropout, keep_mask
-from gptlab.model.fast_kernels import build_gpt, with_kernels
+from gptlab.model.fast_kernels import DecodeLinear, FusedQKVAttention, with_kernels
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel, MultiHeadAttention
 from gptlab.training import chunked_loss
@@ -52,6 +53,17 @@ def test_fused_kernels_give_the_books_logits_and_greedy_tokens(qkv_bias: bool) -
     assert torch.equal(generate(fused, prompt, 20), generate(book, prompt, 20))
 
 
+def decoding_weights(model: GPTModel) -> list[torch.Tensor]:
+    """The (in, out) copies its decoding steps multiply by: one for each attention's Q/K/V, one a layer else."""
+    attentions = [m for m in model.modules() if isinstance(m, FusedQKVAttention)]
+    qkv = {id(p) for att in attentions for p in (att.W_query, att.W_key, att.W_value)}
+    projections = [att.decoding_qkv() for att in attentions]
+    projections += [
+        m.decoding_projection() for m in model.modules() if type(m) is DecodeLinear and id(m) not in qkv
+    ]
+    return [p.weight_t for p in projections]
+
+
 def test_decoding_steps_follow_every_change_of_the_weights() -> None:
     """The (in, out) copies a decoding step uses are remade after an in-place update, a load, a move."""
     book, fused = twin_models()
@@ -59,18 +71,17 @@ def test_decoding_steps_follow_every_change_of_the_weights() -> None:
     with torch.inference_mode():
         before = fused(token)  # builds the copies
         torch.testing.assert_close(before, book(token), atol=1e-5, rtol=0)
+    copies = decoding_weights(fused)
     for model in (book, fused):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.mul_(1.5)  # in place, as an optimizer step
-    copies = [m.decode_weight.weight for m in fused.modules() if hasattr(m, "decode_weight")]
     with torch.inference_mode():
         torch.testing.assert_close(fused(token), book(token), atol=1e-5, rtol=0)
         assert not torch.allclose(fused(token), before, atol=1e-3)
-    refreshed = [m.decode_weight.weight for m in fused.modules() if hasattr(m, "decode_weight")]
     # Rewritten in place: no new memory to fault in at every epoch-end sample.
-    built = [(a, b) for a, b in zip(copies, refreshed, strict=True) if a is not None]  # Q/K/V: one for three
-    assert built and all(a is b for a, b in built)
+    refreshed = decoding_weights(fused)
+    assert copies and all(a is b for a, b in zip(copies, refreshed, strict=True))
     fused.load_state_dict(twin_models()[0].state_dict())
     with torch.inference_mode():
         torch.testing.assert_close(fused(token), before, atol=1e-5, rtol=0)

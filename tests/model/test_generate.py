@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gptlab.errors import InputError
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig, SampleConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import _top_p_filter, generate, generate_each, generate_text
-from gptlab.model.gpt import GPTModel, KVCache
+from gptlab.model.gpt import GPTModel
 
 TINY = dict(vocab_size=97, context_length=32, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
 NEW_TOKENS = 40  # greedy decoding: 5 + 40 > 32, so every prompt length slides the window
@@ -48,48 +48,6 @@ def test_cached_greedy_equals_uncached(model: GPTModel, prompt_len: int) -> None
     assert cached.shape == (2, prompt_len + NEW_TOKENS)
     assert torch.equal(cached, uncached)
     assert cached[:, prompt_len:].unique().numel() > 3  # a real continuation, not one repeated token
-
-
-def test_cached_logits_match_full_forward_at_every_step(model: GPTModel, prompts: torch.Tensor) -> None:
-    ids = torch.cat([prompts, torch.randint(0, TINY["vocab_size"], (3, 20))], dim=1)  # (3, 25)
-    cache = KVCache(TINY["n_layers"], TINY["context_length"])
-    with torch.no_grad():
-        step_logits = [model(ids[:, :5], cache)[:, -1]]
-        for t in range(5, ids.shape[1]):
-            step_logits.append(model(ids[:, t : t + 1], cache)[:, -1])
-        full = model(ids)
-    assert cache.length == ids.shape[1]
-    for i, logits in enumerate(step_logits):
-        torch.testing.assert_close(logits, full[:, 4 + i], rtol=0, atol=1e-5)
-
-
-def test_the_cache_writes_in_place_into_buffers_allocated_once(
-    model: GPTModel, prompts: torch.Tensor
-) -> None:
-    cache = KVCache(TINY["n_layers"], TINY["context_length"])
-    with torch.no_grad():
-        model(prompts, cache)
-        buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
-        for step in range(3):
-            model(prompts[:, step : step + 1], cache)
-    assert cache.length == 5 + 3
-    assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == buffers
-    assert cache.layers[0].keys.shape == (3, TINY["n_heads"], TINY["context_length"], 16)
-
-
-def test_left_padded_rows_give_the_logits_of_their_unpadded_prompts(model: GPTModel) -> None:
-    gen = torch.Generator().manual_seed(5)
-    rows = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen) for n in (7, 3, 5)]
-    pad = torch.tensor([7 - len(row) for row in rows])
-    padded = torch.stack([torch.cat([torch.full((7 - len(row),), 96), row]) for row in rows])  # (3, 7)
-    cache = KVCache(TINY["n_layers"], TINY["context_length"], pad)
-    with torch.no_grad():
-        prefill = model(padded, cache)  # (3, 7, vocab)
-        step = model(torch.tensor([[11], [12], [13]]), cache)[:, -1]  # one more token per row
-        for i, row in enumerate(rows):
-            alone = model(torch.cat([row, torch.tensor([11 + i])]).unsqueeze(0))[0]  # (n + 1, vocab)
-            torch.testing.assert_close(prefill[i, pad[i] :], alone[:-1], rtol=0, atol=1e-5)
-            torch.testing.assert_close(step[i], alone[-1], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("stop_early", [False, True])

@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.cli.main import main
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import (
     config_from_hf,

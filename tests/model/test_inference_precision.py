@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from gptlab.cli.main import main as gptlab_main
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
-from gptlab.model.gpt import KVCache
+from gptlab.model.kv_cache import KVCache
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import generate_response
 from gptlab.training.runtime import bf16_is_fast, inference_dtype

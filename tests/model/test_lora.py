@@ -13,9 +13,9 @@ from torch import nn
 from transformers import GPT2LMHeadModel
 
 from gptlab.model import checkpoint
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import export_checkpoint
 from gptlab.model.lora import (

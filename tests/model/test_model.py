@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GELU, GPTModel, LayerNorm
 

@@ -19,9 +19,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from gptlab.data import spam
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import list_checkpoints, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
 from gptlab.data import instruct
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import WEIGHTS_FILE, CheckpointError, load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.tokenizer import END_OF_TEXT_ID, load_tokenizer
 from gptlab.pipeline.params import load_params

@@ -22,9 +22,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlab.data.fetch import FetchError, sha256_file
 from gptlab.data.verdict import GPTDatasetV1, encode, load_split, save_split, split_text
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import WEIGHTS_FILE, load_model, read_config, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import load_params
 from gptlab.schema import ConfigError

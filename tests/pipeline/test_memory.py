@@ -86,7 +86,7 @@ import torch
 from gptlab.pipeline.memory import keep_freed_memory
 from gptlab.model.config import ModelConfig
 from gptlab.training.chunked_loss import language_model_loss
-from gptlab.model.fast_kernels import build_gpt
+from gptlab.model.build import build_gpt
 
 if sys.argv[1] == "kept":
     assert keep_freed_memory()

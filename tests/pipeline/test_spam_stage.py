@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from gptlab.cli.main import main as gptlab_main
 from gptlab.data import spam
 from gptlab.files import sha256_file
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import WEIGHTS_FILE, load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import PAD_TOKEN_ID, class_logits, make_classifier

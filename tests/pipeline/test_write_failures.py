@@ -23,9 +23,9 @@ import torch
 from gptlab.cli.main import main
 from gptlab.data.fetch import fetch, sha256_file
 from gptlab.errors import GptlabError
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import cpu_weights, save_model, save_training_checkpoint
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.stage import stage_main
 
 from helpers import PROJECT_ROOT, Disk, committed_params, small_disk

@@ -12,9 +12,9 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.classifier import (
     PAD_TOKEN_ID,

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gptlab.errors import InputError
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import save_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora
 from gptlab.schema import ConfigError

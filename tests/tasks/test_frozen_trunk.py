@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora
 from gptlab.tasks.classifier import accuracy, classification_loss, count_examples, make_classifier, predict

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gptlab.data.instruct import format_input, format_prompt
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.tasks.responses import (

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.cli.main import main as gptlab_main
 from gptlab.errors import GptlabError
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -32,7 +33,6 @@ from gptlab.model.checkpoint import (
     write_model_manifest,
 )
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.serving.pyfunc_models import BadModelInput
 from gptlab.serving.specs import model_spec

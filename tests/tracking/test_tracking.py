@@ -23,8 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from gptlab.data.verdict import GPTDatasetV1
 from gptlab.errors import GptlabError
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.schema import flatten
 from gptlab.tracking.buffered_run import NULL_RUN
 from gptlab.tracking.lineage import dvc_md5, pipeline_run_id

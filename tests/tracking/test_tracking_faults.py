@@ -22,9 +22,9 @@ from torch import nn
 
 from gptlab.cli.main import main
 from gptlab.data.verdict import GPTDatasetV1
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import list_checkpoints
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.pipeline.training_stage import DatasetRead, training_run
 from gptlab.tracking.store import TrackingLost
 from gptlab.training.loop import TrainResult

@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from gptlab.data.instruct import instruction_collate
 from gptlab.data.verdict import GPTDatasetV1, encode, split_text
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.generate import generate
 from gptlab.model.gpt import GPTModel
 from gptlab.model.hf_gpt2 import expected_hf_shapes

@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from gptlab.data.verdict import GPTDatasetV1
 from gptlab.files import WriteError
 from gptlab.model import checkpoint
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import WEIGHTS_FILE
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.schema import ConfigError

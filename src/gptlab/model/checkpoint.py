@@ -36,8 +36,8 @@ from safetensors.torch import load_file, save_file
 
 from gptlab.errors import InputError
 from gptlab.files import WriteError, atomic_path, fsync_dir, naming_write_failures, sha256_file
+from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.schema import ConfigError
 

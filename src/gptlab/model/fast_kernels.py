@@ -1,4 +1,4 @@
-"""The speed paths of the book's GPT-2 (gpt.py), and `build_gpt`, which builds the model a ModelConfig names.
+"""The speed paths of the book's GPT-2 (gpt.py): stand-ins for its modules, same maths, same parameters.
 
 Two settings choose them, each with the same maths and parameter names as the book:
 
@@ -8,35 +8,30 @@ Two settings choose them, each with the same maths and parameter names as the bo
   one matmul for the queries, keys and values, decoding steps against weights
   laid out (in, out), and dropout masks drawn 16 bits an element (dropout.py).
 
-They plug in by module replacement, as LoRA does: `build_gpt` builds the book's
-model, so that the random weights are the book's whatever the settings (seed,
-then build), and `with_kernels` swaps its modules for subclasses holding the same
-parameters, built on the meta device so nothing is drawn twice. The model stays
+They plug in by module replacement, as LoRA does: build.py's `build_gpt` builds
+the book's model, so that the random weights are the book's whatever the settings
+(seed, then build), and `with_kernels` swaps its modules for subclasses holding the
+same parameters, built on the meta device so nothing is drawn twice. The model stays
 a GPTModel with the book's parameter names: checkpoints load unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptlab.model.config import ModelConfig
 from gptlab.model.dropout import Dropout, uses_keep_mask
-from gptlab.model.gpt import GELU, GPTModel, LayerNorm, MultiHeadAttention, future_mask
+from gptlab.model.gpt import GELU, LayerNorm, MultiHeadAttention, future_mask
 
 # Rows up to which a CPU matmul is a decoding step: one token per sequence, a batch of one or two.
 DECODE_ROWS = 2
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def build_gpt(cfg: ModelConfig) -> GPTModel:
-    """The GPTModel `cfg` describes, computing with the kernels and attention it names."""
-    return with_kernels(GPTModel(cfg), cfg.kernels, cfg.attention)
 
 
 def with_kernels(module: M, kernels: str, attention: str) -> M:
@@ -149,7 +144,12 @@ class DecodeWeight:
 
 
 def is_decoding_step(x: torch.Tensor) -> bool:
-    """Whether x (..., in) is a few rows at fp32 inference on the CPU: where DecodeWeight pays."""
+    """Whether x (rows..., in) is a decoding step: a few rows at inference, without autocast, on the CPU.
+
+    The one place that decides it: the fused modules then multiply against their
+    DecodeWeight copies, where they pay, and FusedDecoder takes such steps past the
+    modules. A step's new ids (b, 1) count b rows, as their embeddings (b, 1, emb) do.
+    """
     return (
         x.device.type == "cpu"
         and x.shape[:-1].numel() <= DECODE_ROWS
@@ -158,11 +158,17 @@ def is_decoding_step(x: torch.Tensor) -> bool:
     )
 
 
-def decode_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W.T + b with W.T already laid out (in, out)."""
-    rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (rows, in)
-    out = rows @ weight_t if bias is None else torch.addmm(bias, rows, weight_t)  # (rows, out)
-    return out.view(*x.shape[:-1], -1)  # (..., out)
+@dataclass(frozen=True, eq=False)
+class DecodeProjection:
+    """A linear layer as its decoding steps compute it: x @ W.T + b, with W.T laid out (in, out)."""
+
+    weight_t: torch.Tensor  # (in, out): a DecodeWeight copy
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (rows, in)
+        out = rows @ self.weight_t if self.bias is None else torch.addmm(self.bias, rows, self.weight_t)
+        return out.view(*x.shape[:-1], -1)  # (rows, out) -> (..., out)
 
 
 class DecodeLinear(nn.Linear):
@@ -170,12 +176,16 @@ class DecodeLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.decode_weight = DecodeWeight()
+        self._decode_weight = DecodeWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if is_decoding_step(x):
-            return decode_linear(x, self.decode_weight.of([self.weight]), self.bias)
+            return self.decoding_projection()(x)
         return F.linear(x, self.weight, self.bias)
+
+    def decoding_projection(self) -> DecodeProjection:
+        """What its decoding steps multiply by: its weight's (in, out) copy, kept up to date, and its bias."""
+        return DecodeProjection(self._decode_weight.of([self.weight]), self.bias)
 
 
 class SdpaAttention(MultiHeadAttention):
@@ -193,7 +203,7 @@ class SdpaAttention(MultiHeadAttention):
             return super().attend(q, k, v, allowed)
         if allowed is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        # One query (a decoding step) sees every key: no mask at all.
+        # One query (a step after the cached keys) sees every key: no mask at all.
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
 
     def biased_softmax(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -217,27 +227,47 @@ class SdpaAttention(MultiHeadAttention):
 
 
 class FusedQKVAttention(MultiHeadAttention):
-    """The book's attention with its queries, keys and values from one matmul (`kernels: fused`)."""
+    """The book's attention with its queries, keys and values from one matmul (`kernels: fused`).
+
+    Fused only while the three projections are DecodeLinears (LoRA, for one,
+    replaces them with its own modules): otherwise the book's three matmuls.
+    """
 
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int, qkv_bias: bool = False) -> None:
         super().__init__(d_in, d_out, dropout, num_heads, qkv_bias)
-        self.decode_qkv = DecodeWeight()
+        self._decode_qkv = DecodeWeight()
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Queries, keys and values of x, each (b, t, d_out), from one matmul.
-
-        Fused only while the three projections are DecodeLinears (LoRA, for one,
-        replaces them with its own modules).
-        """
-        projections = (self.W_query, self.W_key, self.W_value)
-        if any(type(p) is not DecodeLinear for p in projections):
+        """Queries, keys and values of x, each (b, t, d_out), from one matmul."""
+        if is_decoding_step(x) and (qkv := self.decoding_qkv()) is not None:
+            return qkv(x).split(self.d_out, dim=-1)  # (b, t, 3 * d_out) -> 3 x (b, t, d_out)
+        projections = self._fused_projections()
+        if projections is None:
             return super().project_qkv(x)
-        bias = None if self.W_query.bias is None else torch.cat([p.bias for p in projections])
-        if is_decoding_step(x):
-            weight_t = self.decode_qkv.of([p.weight for p in projections])  # (d_in, 3 * d_out)
-            return decode_linear(x, weight_t, bias).split(self.d_out, dim=-1)
         weight = torch.cat([p.weight for p in projections])  # (3 * d_out, d_in)
-        return F.linear(x, weight, bias).split(self.d_out, dim=-1)  # (b, t, 3 * d_out) -> 3 x (b, t, d_out)
+        return F.linear(x, weight, _joined_bias(projections)).split(self.d_out, dim=-1)
+
+    def decoding_qkv(self) -> DecodeProjection | None:
+        """The one projection its decoding steps compute queries, keys and values with, (d_in, 3 * d_out).
+
+        The three weights' (in, out) copy side by side, brought up to date, and their
+        biases; None where the projections are not fused.
+        """
+        projections = self._fused_projections()
+        if projections is None:
+            return None
+        return DecodeProjection(
+            self._decode_qkv.of([p.weight for p in projections]), _joined_bias(projections)
+        )
+
+    def _fused_projections(self) -> tuple[DecodeLinear, ...] | None:
+        projections = (self.W_query, self.W_key, self.W_value)
+        return projections if all(type(p) is DecodeLinear for p in projections) else None
+
+
+def _joined_bias(projections: Sequence[nn.Linear]) -> torch.Tensor | None:
+    """The projections' biases side by side, (sum out_i,), as their weights are; None without biases."""
+    return None if projections[0].bias is None else torch.cat([p.bias for p in projections])
 
 
 class FusedQKVSdpaAttention(FusedQKVAttention, SdpaAttention):

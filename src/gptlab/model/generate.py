@@ -3,8 +3,9 @@
 This is the book's chapter 5 `generate` (top-k, then temperature, then
 `torch.multinomial` on the global RNG, so seeded samples match the book's;
 `generate_text` seeds it inside a fork, leaving the caller's RNG untouched),
-extended with nucleus (top-p) filtering and a KV cache. The cache changes
-only the speed: greedy output is the same token for token as without it.
+extended with nucleus (top-p) filtering and a KV cache (kv_cache.py). The
+cache changes only the speed: greedy output is the same token for token as
+without it.
 No progress bars: callers generate short continuations inside their own loops.
 """
 
@@ -18,7 +19,8 @@ import torch
 from gptlab.errors import InputError
 from gptlab.model.config import SampleConfig
 from gptlab.model.decoding import FusedDecoder
-from gptlab.model.gpt import GPTModel, KVCache
+from gptlab.model.gpt import GPTModel
+from gptlab.model.kv_cache import KVCache
 from gptlab.model.tokenizer import text_to_token_ids, token_ids_to_text
 
 
@@ -66,7 +68,7 @@ def generate(
     cache = KVCache(model.cfg.n_layers, context_length, pad)
     was_training = model.training
     model.eval()
-    decoder = FusedDecoder(model) if FusedDecoder.fits(model, idx) else None
+    decoder = FusedDecoder(model)  # past the modules where they would decode, else through them
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -77,10 +79,8 @@ def generate(
                 # window, exactly what the uncached path computes.
                 cache.reset()
                 hidden = model.hidden_states(idx[:, -context_length:], cache)
-            elif decoder is not None:
-                hidden = decoder.hidden_states(idx[:, -1:], cache)  # the same, without the module calls
-            else:
-                hidden = model.hidden_states(idx[:, -1:], cache)  # only the newest token; the rest is cached
+            else:  # only the newest token; the rest is cached
+                hidden = decoder.hidden_states(idx[:, -1:], cache)
             logits = model.out_head(hidden[:, -1])  # (b, vocab): the prompt's other positions need none
             idx_next = _pick(logits, temperature, top_k, top_p)  # (b, 1)
             if eos_id is not None:

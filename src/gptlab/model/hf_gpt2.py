@@ -48,9 +48,9 @@ from safetensors.torch import load_file, save_file
 
 from gptlab.errors import InputError
 from gptlab.files import UMASK, WriteError, atomic_path, fsync_dir, remove_orphans, temp_prefix
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.schema import ConfigError

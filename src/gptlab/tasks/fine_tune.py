@@ -14,9 +14,9 @@ from typing import Any, Literal
 import torch
 
 from gptlab.errors import InputError
+from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import load_model, read_config
 from gptlab.model.config import ModelConfig
-from gptlab.model.fast_kernels import build_gpt
 from gptlab.model.gpt import GPTModel
 from gptlab.tasks.config import Trainable, check_trainable_blocks
 

@@ -23,7 +23,7 @@ def trainable_count(
     import torch
     from torch import nn
 
-    from gptlab.model.fast_kernels import build_gpt
+    from gptlab.model.build import build_gpt
     from gptlab.model.lora import add_lora
 
     with torch.device("meta"):

@@ -37,7 +37,7 @@ def _model(preset: str, context_length: int, qkv_bias: bool, *, seed: int | None
     # torch on first use: keeps `gptlab --help` fast
     import torch
 
-    from gptlab.model.fast_kernels import build_gpt
+    from gptlab.model.build import build_gpt
 
     cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
     if seed is None:
@@ -52,7 +52,7 @@ def seeded_model(cfg: Any, seed: int) -> Any:
     # torch on first use: keeps `gptlab --help` fast
     import torch
 
-    from gptlab.model.fast_kernels import build_gpt
+    from gptlab.model.build import build_gpt
 
     torch.manual_seed(seed)
     return build_gpt(cfg).eval()
