@@ -174,6 +174,7 @@ def stage_process(stage: str, params: Path, report: Path) -> None:
     """
     from gptlab.pipeline import training_stage
     from gptlab.pipeline.stage import stage_main
+    from gptlab.tasks import instruction_scores
 
     module = importlib.import_module(f"stages.{STAGES[stage]}")
     recorded: dict[str, Any] = {}
@@ -190,18 +191,17 @@ def stage_process(stage: str, params: Path, report: Path) -> None:
         return result
 
     training_stage.fit = recorded_fit
-    if hasattr(module, "generate_responses"):
-        generate_responses = module.generate_responses
+    generate_responses = instruction_scores.generate_responses  # instruct's answers; spam gives none
 
-        def timed_answers(model: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            answers = generate_responses(model, tokenizer, *args, **kwargs)
-            seconds = time.perf_counter() - started
-            tokens = sum(len(tokenizer.encode(a["model_response"])) for a in answers)  # about: re-encoded
-            recorded["answers"] = {"count": len(answers), "seconds": seconds, "tokens": tokens}
-            return answers
+    def timed_answers(model: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        answers = generate_responses(model, tokenizer, *args, **kwargs)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(tokenizer.encode(a["model_response"])) for a in answers)  # about: re-encoded
+        recorded["answers"] = {"count": len(answers), "seconds": seconds, "tokens": tokens}
+        return answers
 
-        module.generate_responses = timed_answers
+    instruction_scores.generate_responses = timed_answers
     stage_main(module.run, module.__doc__, ["--params", str(params)])
     peaks = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     report.write_text(json.dumps({**recorded, "peak_rss_kb": max(peaks)}))  # Linux: kilobytes
