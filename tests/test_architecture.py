@@ -48,6 +48,7 @@ def module_name(path: Path) -> str:
 
 
 def gptlab_imports(path: Path) -> set[str]:
+    """The gptlab modules (and names) a file imports, wherever in it, `if TYPE_CHECKING:` included."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -107,6 +108,43 @@ def test_tracking_imports_nothing_of_tasks() -> None:
 def test_each_layer_says_its_job_in_its_init(layer: str) -> None:
     docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8")))
     assert docstring and len(docstring.splitlines()) == 1, f"gptlab.{layer}: a one-line docstring"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module's imports of the package's other modules, function-local and type-only ones included."""
+    names = {module_name(path) for path in MODULES}
+    return {
+        module_name(path): {name for name in gptlab_imports(path) if name in names} - {module_name(path)}
+        for path in MODULES
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that reach themselves through their imports, as the cycles a depth-first walk meets."""
+    cycles, done = [], set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(path[path.index(module) :] + [module])
+            return
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            walk(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [])
+    return cycles
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert not import_cycles(import_graph())
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    graph = {"gptlab.a": {"gptlab.b"}, "gptlab.b": {"gptlab.c"}, "gptlab.c": {"gptlab.a"}, "gptlab.d": set()}
+    assert import_cycles(graph) == [["gptlab.a", "gptlab.b", "gptlab.c", "gptlab.a"]]
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ import torch
 import yaml
 
 from gptlab.errors import GptlabError, InputError
-from gptlab.experiments.compare import ExperimentRow as Experiment
 from gptlab.experiments.dvc_commands import Dvc, QueueStatus
+from gptlab.experiments.dvc_commands import ExperimentRow as Experiment
 from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Stopped,

@@ -11,40 +11,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.experiments.dvc_commands import ask_dvc
+from gptlab.experiments.dvc_commands import (
+    WORKSPACE,
+    ExperimentRow,
+    ask_dvc,
+    experiments,
+    revision_row,
+    short_rev,
+)
 from gptlab.experiments.metrics_check import load_baseline
 from gptlab.paths import REPORTS
-from gptlab.schema import flatten
 
 BASELINES_DIR = Path("baselines")
-# DVC's default params file: its keys are shown bare, other files' as `file:key` (as DVC does).
-DEFAULT_PARAMS_FILE = "params.yaml"
-# The pseudo-revision of uncommitted changes in `dvc exp show --json`.
-WORKSPACE = "workspace"
 HEADING = ("experiment", "rev", "created")
 MISSING = "-"
-
-
-@dataclass(frozen=True)
-class ExperimentRow:
-    """One revision of `dvc exp show --json`: the commit, one of its experiments, or the workspace."""
-
-    name: str
-    state: str  # the executor's: queued, running, success, failed ("" when DVC gives none)
-    rev: str | None = None  # the full commit, or "workspace"
-    params: dict[str, Any] = field(default_factory=dict)  # {key or file:key: value}
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metrics file: {dotted key: value}}
-    created: str = ""  # "YYYY-MM-DD HH:MM", "" for the workspace
-
-    @property
-    def shown_state(self) -> str:
-        """The state as the table shows it: none once done."""
-        return "" if self.state == "success" else self.state
 
 
 @dataclass(frozen=True)
@@ -84,7 +69,7 @@ class Comparison:
         ]
 
     def _values(self, row: ExperimentRow) -> list[Any]:
-        heading = [row.name, _short(row.rev), row.created] + ([row.shown_state] if self.with_state else [])
+        heading = [row.name, short_rev(row.rev), row.created] + ([row.shown_state] if self.with_state else [])
         params = [row.params.get(key) for key in self.params]
         return heading + params + [row.metrics.get(m.file, {}).get(m.key) for m in self.metrics]
 
@@ -126,40 +111,12 @@ def experiment_rows(shown: Sequence[dict[str, Any]]) -> list[ExperimentRow]:
     workspace, rows = None, []
     for entry in shown:
         if entry.get("rev") == WORKSPACE:
-            workspace = _row(entry, WORKSPACE, "")
+            workspace = revision_row(entry, WORKSPACE, "")
             continue
-        rows += [_row(entry, entry.get("name"), ""), *experiments(entry)]
+        rows += [revision_row(entry, entry.get("name"), ""), *experiments(entry)]
     if workspace and all((workspace.params, workspace.metrics) != (r.params, r.metrics) for r in rows):
         rows.insert(0, workspace)
     return rows
-
-
-def experiments(entry: dict[str, Any]) -> list[ExperimentRow]:
-    """The experiments of one revision of `dvc exp show --json`, in DVC's order (newest first)."""
-    found = []
-    for experiment in entry.get("experiments") or []:
-        revision = (experiment.get("revs") or [{}])[0]
-        state = (experiment.get("executor") or {}).get("state") or ""
-        found.append(_row(revision, experiment.get("name") or revision.get("name"), state))
-    return found
-
-
-def _row(revision: dict[str, Any], name: str | None, state: str) -> ExperimentRow:
-    data = revision.get("data") or {}
-    rev = revision.get("rev")
-    params: dict[str, Any] = {}
-    for file, content in (data.get("params") or {}).items():
-        prefix = "" if file == DEFAULT_PARAMS_FILE else f"{file}:"
-        params.update({prefix + key: value for key, value in flatten(content.get("data") or {}).items()})
-    metrics = {
-        file: flatten(content.get("data") or {}) for file, content in (data.get("metrics") or {}).items()
-    }
-    created = (data.get("timestamp") or "").replace("T", " ")[:16]
-    return ExperimentRow(name or _short(rev), state, rev, params, metrics, created)
-
-
-def _short(rev: str | None) -> str:
-    return rev if rev == WORKSPACE else (rev or "")[:7]
 
 
 def changed_params(rows: Sequence[ExperimentRow]) -> list[str]:

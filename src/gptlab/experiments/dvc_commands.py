@@ -7,7 +7,8 @@ finishes in between is never heard (pygit2 1.21, `_BlobIO.readinto`). On a busy 
 CPU where a slow one does, so a query that used none for `stall_after` seconds is stopped and asked
 again: a read changes nothing. `dvc queue status` reads no file out of git.
 
-`Dvc` runs them in one project and environment, and reads the answers of the read-only ones.
+`Dvc` runs them in one project and environment; `experiments` and `revision_row` read what
+`dvc exp show --json` answers (the sweep reads it so, and `gptlab compare` too).
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gptlab.errors import GptlabError
-
-if TYPE_CHECKING:
-    from gptlab.experiments.compare import ExperimentRow
+from gptlab.schema import flatten
 
 DVC_CALL_TIMEOUT_S = 300.0  # one dvc command: one waiting on a lock would wait forever
 STALL_AFTER_S = 30.0  # a read-only dvc command that used no CPU this long has stalled
@@ -146,6 +145,58 @@ class QueueStatus:
     workers: tuple[int, int] | None  # (active, idle); None when it does not say
 
 
+# DVC's default params file: its keys are shown bare, other files' as `file:key` (as DVC does).
+DEFAULT_PARAMS_FILE = "params.yaml"
+# The pseudo-revision of uncommitted changes in `dvc exp show --json`.
+WORKSPACE = "workspace"
+
+
+@dataclass(frozen=True)
+class ExperimentRow:
+    """One revision of `dvc exp show --json`: the commit, one of its experiments, or the workspace."""
+
+    name: str
+    state: str  # the executor's: queued, running, success, failed ("" when DVC gives none)
+    rev: str | None = None  # the full commit, or "workspace"
+    params: dict[str, Any] = field(default_factory=dict)  # {key or file:key: value}
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metrics file: {dotted key: value}}
+    created: str = ""  # "YYYY-MM-DD HH:MM", "" for the workspace
+
+    @property
+    def shown_state(self) -> str:
+        """The state as the table shows it: none once done."""
+        return "" if self.state == "success" else self.state
+
+
+def experiments(entry: dict[str, Any]) -> list[ExperimentRow]:
+    """The experiments of one revision of `dvc exp show --json`, in DVC's order (newest first)."""
+    found = []
+    for experiment in entry.get("experiments") or []:
+        revision = (experiment.get("revs") or [{}])[0]
+        state = (experiment.get("executor") or {}).get("state") or ""
+        found.append(revision_row(revision, experiment.get("name") or revision.get("name"), state))
+    return found
+
+
+def revision_row(revision: dict[str, Any], name: str | None, state: str) -> ExperimentRow:
+    """One revision's params (`file:key` for other params files, as DVC names them) and metrics, flattened."""
+    data = revision.get("data") or {}
+    rev = revision.get("rev")
+    params: dict[str, Any] = {}
+    for file, content in (data.get("params") or {}).items():
+        prefix = "" if file == DEFAULT_PARAMS_FILE else f"{file}:"
+        params.update({prefix + key: value for key, value in flatten(content.get("data") or {}).items()})
+    metrics = {
+        file: flatten(content.get("data") or {}) for file, content in (data.get("metrics") or {}).items()
+    }
+    created = (data.get("timestamp") or "").replace("T", " ")[:16]
+    return ExperimentRow(name or short_rev(rev), state, rev, params, metrics, created)
+
+
+def short_rev(rev: str | None) -> str:
+    return rev if rev == WORKSPACE else (rev or "")[:7]
+
+
 @dataclass(frozen=True)
 class Dvc:
     """dvc commands in one project and environment, each bounded; a failure is one line naming it."""
@@ -169,8 +220,6 @@ class Dvc:
 
     def experiments(self) -> dict[str, ExperimentRow]:
         """The experiments of HEAD, queued, running and done, by name (`dvc exp show --json`)."""
-        from gptlab.experiments.compare import experiments  # compare imports this module
-
         return {
             row.name: row
             for entry in json.loads(self.ask("exp", "show", "--json") or "[]")

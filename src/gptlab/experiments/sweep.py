@@ -25,8 +25,8 @@ from typing import Any, Literal, TypeVar
 
 from gptlab.errors import GptlabError, InputError, describe_failure
 from gptlab.experiments import profiles
-from gptlab.experiments.compare import ExperimentRow, markdown_grid
-from gptlab.experiments.dvc_commands import Dvc, signals_held
+from gptlab.experiments.compare import markdown_grid
+from gptlab.experiments.dvc_commands import Dvc, ExperimentRow, signals_held
 from gptlab.experiments.smoke import source_commit_env
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.model.dropout import Dropout, uses_keep_mask
-from gptlab.model.gpt import GELU, LayerNorm, MultiHeadAttention, future_mask
+from gptlab.model.gpt import GELU, LayerNorm, MultiHeadAttention
 
 # Rows up to which a CPU matmul is a decoding step: one token per sequence, a batch of one or two.
 DECODE_ROWS = 2
@@ -215,7 +215,8 @@ class SdpaAttention(MultiHeadAttention):
         0.7 ms at fp32 on the CPU measured (benchmarks/README.md).
         """
         b, heads, t, head_dim = q.shape
-        bias = torch.zeros(t, t, device=q.device).masked_fill_(future_mask(t, t, 0, q.device), -torch.inf)
+        above = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(diagonal=1)  # later keys
+        bias = torch.zeros(t, t, device=q.device).masked_fill_(above, -torch.inf)
         attn_scores = torch.baddbmm(
             bias,
             q.reshape(b * heads, t, head_dim),

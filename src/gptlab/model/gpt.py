@@ -65,16 +65,6 @@ class FeedForward(nn.Module):
         return self.layers(x)
 
 
-def future_mask(num_queries: int, num_keys: int, past: int, device: torch.device) -> torch.Tensor:
-    """Chapter 3's causal mask: True where query i (at position past + i) would look at a later key.
-
-    `past` > 0 places the queries after that many cached keys (kv_cache.py).
-    """
-    query_pos = torch.arange(past, past + num_queries, device=device).unsqueeze(1)  # (t, 1)
-    key_pos = torch.arange(num_keys, device=device).unsqueeze(0)  # (1, past + t)
-    return key_pos > query_pos  # (t, past + t)
-
-
 class MultiHeadAttention(nn.Module):
     """Causal self-attention in `num_heads` heads of d_out / num_heads dimensions each (chapter 3).
 
@@ -128,7 +118,9 @@ class MultiHeadAttention(nn.Module):
         if allowed is not None:
             attn_scores.masked_fill_(~allowed, -torch.inf)
         elif q.shape[2] > 1:
-            attn_scores.masked_fill_(future_mask(q.shape[2], k.shape[2], 0, q.device), -torch.inf)
+            # The causal mask: True above the diagonal, where a query would see a later key.
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(diagonal=1)
+            attn_scores.masked_fill_(mask, -torch.inf)
         attn_weights = torch.softmax(attn_scores / k.shape[-1] ** 0.5, dim=-1)
         attn_weights = self.dropout(attn_weights)
         return attn_weights @ v  # (b, heads, t, head_dim)

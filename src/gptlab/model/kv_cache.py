@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from gptlab.model.gpt import future_mask
-
 
 class LayerKVCache:
     """Keys and values one attention layer has seen, so decoding reuses them.
@@ -86,3 +84,10 @@ class KVCache:
         for layer in self.layers:
             layer.allowed = allowed
         return positions
+
+
+def future_mask(num_queries: int, num_keys: int, past: int, device: torch.device) -> torch.Tensor:
+    """Chapter 3's causal mask past a cache: True where query i (at position past + i) would look at a later key."""
+    query_pos = torch.arange(past, past + num_queries, device=device).unsqueeze(1)  # (t, 1)
+    key_pos = torch.arange(num_keys, device=device).unsqueeze(0)  # (1, past + t)
+    return key_pos > query_pos  # (t, past + t)
