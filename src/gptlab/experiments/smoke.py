@@ -79,6 +79,11 @@ def workspace_lock(workdir: Path) -> contextlib.AbstractContextManager[None]:
     )
 
 
+def git_output(folder: Path, *args: str) -> str:
+    """What `git ARGS` prints in `folder`; CalledProcessError if it fails."""
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True).stdout
+
+
 def workspace_state(workdir: Path) -> dict[str, object]:
     """The workspace's files (size, mtime) and git refs: what tells the run's own from later work."""
     files = {}
@@ -88,13 +93,7 @@ def workspace_state(workdir: Path) -> dict[str, object]:
             continue
         stat = path.lstat()
         files[relative.as_posix()] = [stat.st_size, stat.st_mtime_ns]
-    refs = subprocess.run(
-        ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    refs = git_output(workdir, "for-each-ref", "--format=%(refname) %(objectname)").splitlines()
     return {"files": files, "refs": refs}
 
 
@@ -144,13 +143,7 @@ def stopped_run_extras(workdir: Path, marker: Mapping[str, Any]) -> list[str]:
     (data/, models/): anything else new or edited since its first commit, and any git ref that
     is not a DVC experiment's, was made by someone else.
     """
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "-z", "--no-renames", "--untracked-files=all"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    status = git_output(workdir, "status", "--porcelain", "-z", "--no-renames", "--untracked-files=all")
     changed = (entry[3:] for entry in status.split("\0") if entry)  # "XY path"
     files = sorted(name for name in changed if not _stopped_run_output(Path(name)))
     now = set(workspace_state(workdir)["refs"])
@@ -178,13 +171,7 @@ def prepare_workspace(project: Path, workdir: Path, source: Mapping[str, str], f
             f"{workdir}: holds work made after the last smoke run ({shown}); nothing was deleted. "
             "Pass --fresh to replace it, or --workdir to run elsewhere"
         )
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=project,
-        capture_output=True,
-        check=True,
-        text=True,
-    ).stdout.split("\0")
+    files = git_output(project, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -224,16 +211,8 @@ def commit_workspace(workdir: Path, title: str, source: Mapping[str, str]) -> No
 def source_commit_env(project: Path) -> dict[str, str]:
     """GPTLAB_SOURCE_COMMIT / GPTLAB_SOURCE_DIRTY naming the project's commit, for tracking/lineage.py to tag runs with."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        commit = git_output(project, "rev-parse", "HEAD").strip()
+        status = git_output(project, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return {}
     return {SOURCE_COMMIT_ENV: commit, SOURCE_DIRTY_ENV: str(bool(status.strip())).lower()}
