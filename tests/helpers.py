@@ -46,6 +46,10 @@ CACHE_ENV = "GPTLAB_CACHE_DIR"
 USER_MIRROR = mirror_dir()
 # A GPT built in milliseconds: the `checkpoint` fixture's model, for tests of what reads checkpoints.
 TINY_GPT = ModelConfig(vocab_size=300, context_length=32, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=True)
+# The generation and KV-cache tests' language model (tests/model/conftest.py builds it under both attentions).
+TINY_LM = dict(
+    vocab_size=97, context_length=32, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True
+)
 
 
 @functools.cache

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,34 +11,17 @@ from gptlab.model.config import ModelConfig, SampleConfig
 from gptlab.model.generate import _top_p_filter, generate, generate_each, generate_text
 from gptlab.model.gpt import GPTModel
 
-TINY = dict(vocab_size=97, context_length=32, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
+from helpers import TINY_LM
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/model/conftest.py
+
 NEW_TOKENS = 40  # greedy decoding: 5 + 40 > 32, so every prompt length slides the window
-assert TINY["context_length"] < 5 + NEW_TOKENS
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: these matrices are tiny, and extra threads only wait on a busy CPU (10x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module", params=["sdpa", "masked_softmax"])
-def model(request: pytest.FixtureRequest) -> GPTModel:
-    torch.manual_seed(7)
-    return build_gpt(ModelConfig(**TINY, attention=request.param)).eval()
-
-
-@pytest.fixture
-def prompts() -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2))
+assert TINY_LM["context_length"] < 5 + NEW_TOKENS
 
 
 @pytest.mark.parametrize("prompt_len", [5, 31, 45])  # short, one short of the context, past it
 def test_cached_greedy_equals_uncached(model: GPTModel, prompt_len: int) -> None:
-    idx = torch.randint(0, TINY["vocab_size"], (2, prompt_len), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(0, TINY_LM["vocab_size"], (2, prompt_len), generator=torch.Generator().manual_seed(2))
     # 40 new tokens run past the 32-token context even from the short prompt, so the window
     # slides with a cache too.
     cached = generate(model, idx, NEW_TOKENS, use_cache=True)
@@ -53,10 +34,10 @@ def test_cached_greedy_equals_uncached(model: GPTModel, prompt_len: int) -> None
 @pytest.mark.parametrize("stop_early", [False, True])
 def test_batched_greedy_equals_one_prompt_at_a_time(model: GPTModel, stop_early: bool) -> None:
     gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in (2, 9, 5, 12)]
-    new_tokens = TINY["context_length"] - 12  # the longest prompt fills the context: no sliding
+    prompts = [torch.randint(0, TINY_LM["vocab_size"], (n,), generator=gen).tolist() for n in (2, 9, 5, 12)]
+    new_tokens = TINY_LM["context_length"] - 12  # the longest prompt fills the context: no sliding
     free = [generate(model, torch.tensor([p]), new_tokens)[0, len(p) :].tolist() for p in prompts]
-    unused = min(set(range(TINY["vocab_size"])) - {t for row in free for t in row})
+    unused = min(set(range(TINY_LM["vocab_size"])) - {t for row in free for t in row})
     eos = free[1][4] if stop_early else unused  # a token some rows produce, or none does
     alone = [
         generate(model, torch.tensor([p]), new_tokens, eos_id=eos)[0, len(p) :].tolist() for p in prompts
@@ -70,13 +51,13 @@ def test_batched_greedy_equals_one_prompt_at_a_time(model: GPTModel, stop_early:
 
 def test_padded_rows_must_fit_the_context(model: GPTModel, prompts: torch.Tensor) -> None:
     with pytest.raises(InputError, match="must fit the context"):
-        generate(model, prompts, TINY["context_length"], pad=torch.zeros(3, dtype=torch.long))
+        generate(model, prompts, TINY_LM["context_length"], pad=torch.zeros(3, dtype=torch.long))
 
 
 def test_prompts_longer_than_the_context_are_cropped(model: GPTModel) -> None:
-    idx = torch.randint(0, TINY["vocab_size"], (1, 50), generator=torch.Generator().manual_seed(3))
+    idx = torch.randint(0, TINY_LM["vocab_size"], (1, 50), generator=torch.Generator().manual_seed(3))
     out = generate(model, idx, 1)
-    cropped = generate(model, idx[:, -TINY["context_length"] :], 1)
+    cropped = generate(model, idx[:, -TINY_LM["context_length"] :], 1)
     assert torch.equal(out[:, :50], idx)
     assert out[0, -1] == cropped[0, -1]
 
@@ -193,14 +174,14 @@ def test_bad_inputs_are_refused(model: GPTModel, prompts: torch.Tensor) -> None:
         generate(model, prompts[0], 3)  # 1-D
     with pytest.raises(ValueError, match="idx"):
         generate(model, prompts.float(), 3)
-    classifier = build_gpt(ModelConfig(**{**TINY, "num_classes": 2}))
+    classifier = build_gpt(ModelConfig(**{**TINY_LM, "num_classes": 2}))
     with pytest.raises(ValueError, match="classification head"):
         generate(classifier, prompts, 3)
 
 
 def test_generate_text_is_seeded_and_starts_with_the_prompt(tokenizer) -> None:
     torch.manual_seed(0)
-    model = build_gpt(ModelConfig(**{**TINY, "vocab_size": 50257}))
+    model = build_gpt(ModelConfig(**{**TINY_LM, "vocab_size": 50257}))
     sample = SampleConfig(
         prompt="Every effort moves you", max_new_tokens=8, temperature=1.0, top_k=50, seed=123
     )

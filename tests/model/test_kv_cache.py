@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-from gptlab.model.build import build_gpt
-from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPTModel
 from gptlab.model.kv_cache import KVCache
 
-TINY = dict(vocab_size=97, context_length=32, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
+from helpers import TINY_LM
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: these matrices are tiny, and extra threads only wait on a busy CPU (10x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module", params=["sdpa", "masked_softmax"])
-def model(request: pytest.FixtureRequest) -> GPTModel:
-    torch.manual_seed(7)
-    return build_gpt(ModelConfig(**TINY, attention=request.param)).eval()
-
-
-@pytest.fixture
-def prompts() -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2))
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/model/conftest.py
 
 
 def test_cached_logits_match_full_forward_at_every_step(model: GPTModel, prompts: torch.Tensor) -> None:
-    ids = torch.cat([prompts, torch.randint(0, TINY["vocab_size"], (3, 20))], dim=1)  # (3, 25)
-    cache = KVCache(TINY["n_layers"], TINY["context_length"])
+    ids = torch.cat([prompts, torch.randint(0, TINY_LM["vocab_size"], (3, 20))], dim=1)  # (3, 25)
+    cache = KVCache(TINY_LM["n_layers"], TINY_LM["context_length"])
     with torch.no_grad():
         step_logits = [model(ids[:, :5], cache)[:, -1]]
         for t in range(5, ids.shape[1]):
@@ -51,7 +29,7 @@ def test_cached_logits_match_full_forward_at_every_step(model: GPTModel, prompts
 def test_the_cache_writes_in_place_into_buffers_allocated_once(
     model: GPTModel, prompts: torch.Tensor
 ) -> None:
-    cache = KVCache(TINY["n_layers"], TINY["context_length"])
+    cache = KVCache(TINY_LM["n_layers"], TINY_LM["context_length"])
     with torch.no_grad():
         model(prompts, cache)
         buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
@@ -59,15 +37,15 @@ def test_the_cache_writes_in_place_into_buffers_allocated_once(
             model(prompts[:, step : step + 1], cache)
     assert cache.length == 5 + 3
     assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == buffers
-    assert cache.layers[0].keys.shape == (3, TINY["n_heads"], TINY["context_length"], 16)
+    assert cache.layers[0].keys.shape == (3, TINY_LM["n_heads"], TINY_LM["context_length"], 16)
 
 
 def test_left_padded_rows_give_the_logits_of_their_unpadded_prompts(model: GPTModel) -> None:
     gen = torch.Generator().manual_seed(5)
-    rows = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen) for n in (7, 3, 5)]
+    rows = [torch.randint(0, TINY_LM["vocab_size"], (n,), generator=gen) for n in (7, 3, 5)]
     pad = torch.tensor([7 - len(row) for row in rows])
     padded = torch.stack([torch.cat([torch.full((7 - len(row),), 96), row]) for row in rows])  # (3, 7)
-    cache = KVCache(TINY["n_layers"], TINY["context_length"], pad)
+    cache = KVCache(TINY_LM["n_layers"], TINY_LM["context_length"], pad)
     with torch.no_grad():
         prefill = model(padded, cache)  # (3, 7, vocab)
         step = model(torch.tensor([[11], [12], [13]]), cache)[:, -1]  # one more token per row

@@ -148,7 +148,7 @@ class SplitAccuracies:
         self, model: nn.Module, splits: Iterable[str], num_batches: int | None = None
     ) -> dict[str, float]:
         """`{split}_accuracy` of each split in turn, over `num_batches` (default: the configured number)."""
-        batches = num_batches or self.num_batches
+        batches = self.num_batches if num_batches is None else num_batches
         return {
             f"{split}_accuracy": accuracy(
                 model, self.loaders[split], self.pooling, num_batches=batches, precision=self.precision
