@@ -225,9 +225,8 @@ def run_profile(
     project: Path, profile: Path, workdir: Path, fresh: bool = False, *, workdir_given: bool = True
 ) -> Path:
     """Run every stage with the profile's overrides; returns the workspace's reports folder."""
-    check_workdir(
-        project, workdir, given=workdir_given
-    )  # before the lock file is made beside it (prepare_workspace checks again)
+    # before the lock file is made beside it (prepare_workspace checks again)
+    check_workdir(project, workdir, given=workdir_given)
     overrides = load_overrides(profile, project / "params.yaml")
     with workspace_lock(workdir):
         return _run_in_workspace(project, profile, workdir, overrides, fresh)

@@ -333,6 +333,8 @@ def settle_stopped(sweep: Sweep, dvc: Dvc, *, polls: int = 3, poll_seconds: floa
             except GptlabError as exc:
                 return f"could not read DVC's queue ({exc}): see `dvc queue status`"
             queued = [name for name in names if status.states.get(name) == "queued"]
+            if queued and status.workers is None:  # a `dvc queue status` that names no workers
+                return f"{', '.join(queued)} are still queued, and DVC's queue did not say whether a worker runs them: see `dvc queue status`"
             alive = sum(status.workers or (0, 0)) > 0 or "running" in status.states.values()
             if alive or not queued:
                 return (
