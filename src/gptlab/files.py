@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from gptlab.errors import GptlabError
+from gptlab.errors import GptlabError, InputError
 
 # The process's umask (reading it means setting it, so set it straight back): the mode new files get.
 UMASK = os.umask(0)
@@ -188,6 +188,14 @@ def require_file(path: Path, kind: str, missing: str) -> Path:
         raise IsADirectoryError(f"{path}: is a directory, not {kind}")
     if not path.is_file():
         raise FileNotFoundError(missing)
+    return path
+
+
+def require_folder(path: Path, option: str, hint: str = "") -> Path:
+    """`path` if it is a folder; else an InputError naming `option` (and `hint`, how to get one)."""
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise InputError(f"{option} {path}: {what}{hint}")
     return path
 
 

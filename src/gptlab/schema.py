@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import math
 import types
 import typing
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -204,6 +206,10 @@ def _describe(value: Any) -> str:
 
 MAX_YAML_NODES = 100_000
 
+# The largest YAML file read at all (params.yaml is some 10 KB, the book's figures 100 KB): checked
+# before parsing, which takes minutes for tens of MB.
+MAX_YAML_BYTES = 1 << 20
+
 
 class _Unbounded(Exception):
     """What `_BoundedLoader` found; `read_yaml` names the file."""
@@ -246,11 +252,19 @@ def read_yaml(path: Path) -> Any:
 
     Syntax errors stay yaml.YAMLError, which callers report with the file's line.
     """
-    with Path(path).open(encoding="utf-8") as fh:
-        try:
-            return yaml.load(fh, Loader=_BoundedLoader)  # a SafeLoader: plain data only, as safe_load
-        except _Unbounded as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+    with Path(path).open("rb") as fh:  # a pipe too: read at most one byte past the cap
+        data = fh.read(MAX_YAML_BYTES + 1)
+    if len(data) > MAX_YAML_BYTES:
+        raise ConfigError(
+            f"{path}: larger than {MAX_YAML_BYTES // (1 << 20)} MiB, far more than any params, profile or "
+            "sweep file needs; refused before parsing"
+        )
+    stream = io.StringIO(data.decode("utf-8"))  # UTF-8, as the file was opened before the cap
+    stream.name = str(path)  # type: ignore[attr-defined] - what YAML's errors name, as for the file
+    try:
+        return yaml.load(stream, Loader=_BoundedLoader)  # a SafeLoader: plain data only, as safe_load
+    except _Unbounded as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- #
@@ -269,6 +283,17 @@ MAX_NEW_TOKENS = 10_000
 
 
 MAX_NAME_LENGTH = 250  # MLflow experiment and run names
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot name an experiment or a run (None when it can): blank, too long, or holding
+    a control character (NUL, a line break, a bidi override: stored as is, shown misleadingly)."""
+    if value.strip() == "" or len(value) > MAX_NAME_LENGTH:
+        shown = repr(value) if len(value) <= MAX_NAME_LENGTH else f"{len(value):,} characters"
+        return f"expected a name of 1 to {MAX_NAME_LENGTH} characters, got {shown}"
+    if control := next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None):
+        return f"control character U+{ord(control):04X} ({unicodedata.name(control, 'unnamed')}) in {value!r}: use printable characters"
+    return None
 
 
 # Sampling temperatures: below the floor, logits / temperature overflow to inf; 0 is greedy.

@@ -247,7 +247,7 @@ def test_missing_baseline_or_reports_cannot_be_checked(
     for action in ("check", "update-baseline"):
         nowhere = tmp_path / "nowhere"
         assert main(["metrics", action, "--baseline", str(baseline), "--reports", str(nowhere)]) == 2
-        assert f"reports folder {nowhere} not found" in one_line_error(capsys, "metrics")
+        assert f"--reports {nowhere}: no such folder" in one_line_error(capsys, "metrics")
     assert baseline.read_text() == yaml.safe_dump(GOOD_BASELINE)
 
 

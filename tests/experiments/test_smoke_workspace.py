@@ -76,6 +76,25 @@ def test_smoke_refuses_a_users_folder_and_deletes_nothing(
     assert tree(users) == {"keep/thesis.txt": b"four years of work\n"}
 
 
+def test_the_default_workspace_is_refused_by_its_name_not_as_a_workdir_never_given(
+    clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    users = clone / ".gptlab" / "smoke"
+    users.mkdir(parents=True)
+    (users / "mine.txt").write_text("not gptlab's\n", encoding="utf-8")
+    assert smoke(clone, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert f"the default workspace {users}: not empty and not made by gptlab smoke" in err
+    assert "--workdir " + str(users) not in err and "name a new folder with --workdir" in err
+    assert tree(users) == {"mine.txt": b"not gptlab's\n"}
+    # --profile takes a path as well as a name, as `gptlab run` does; its workspace is named after it.
+    shutil.copy2(clone / "profiles" / "smoke.yaml", clone / "tiny.yaml")
+    (clone / ".gptlab" / "tiny").mkdir()
+    (clone / ".gptlab" / "tiny" / "mine.txt").write_text("x", encoding="utf-8")
+    assert smoke(clone, monkeypatch, "--profile", "tiny.yaml") == 2
+    assert f"the default workspace {clone / '.gptlab' / 'tiny'}: not empty" in capsys.readouterr().err
+
+
 def test_a_second_smoke_refuses_while_the_first_runs(
     clone: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,12 +30,14 @@ from gptlab.experiments.sweep import (
     load_sweep,
     queue,
     run_queue,
+    settle_stopped,
     to_csv,
     to_markdown,
 )
 from gptlab.model.build import build_gpt
 from gptlab.model.config import ModelConfig
 from gptlab.model.lora import add_lora
+from gptlab.pipeline.stage import Terminated
 from gptlab.schema import ConfigError, flatten
 from gptlab.tasks.classifier import count_trainable, make_classifier
 
@@ -902,3 +904,35 @@ def test_the_sweep_commands_wait_has_a_default_bound() -> None:
     from gptlab.cli.main import build_parser
 
     assert build_parser().parse_args(["sweep", "spam"]).timeout == 24 * 3600
+
+
+def test_a_sweep_stopped_while_waiting_leaves_its_variants_to_a_live_worker_else_removes_them(
+    tiny_sweep: Sweep,
+) -> None:
+    """No worker alive (stopped with the sweep, or never started): the queued variants would wait forever."""
+    alive = FakeDvc([{"s-a": "queued", "s-b": "queued"}], workers=(1, 0))
+    assert settle_stopped(tiny_sweep, alive, poll_seconds=0).startswith("the variants go on in DVC's queue")
+    assert not [c for c in alive.calls if c[:2] == ("queue", "remove")]
+    orphaned = FakeDvc([{"s-a": "success", "s-b": "queued"}], workers=(0, 0))
+    said = settle_stopped(tiny_sweep, orphaned, poll_seconds=0)
+    assert (
+        said == "no DVC worker was running the variants, so nothing would have: removed s-b from DVC's queue"
+    )
+    assert orphaned.calls == [("queue", "remove", "s-b")]
+    assert orphaned.queries == [("queue", "status")] * 3  # a worker just started gets polls to show up
+
+
+def test_sigterm_while_the_queue_starts_lets_dvc_start_its_worker_then_stops(tiny_sweep: Sweep) -> None:
+    class SignalledStart(FakeDvc):
+        def __call__(self, *args: str, check: bool = True) -> str:
+            super().__call__(*args, check=check)
+            if args[:2] == ("queue", "start"):
+                os.kill(os.getpid(), signal.SIGTERM)  # held: `dvc queue start` is not killed halfway
+            return ""
+
+    fake = SignalledStart([{"s-a": "queued", "s-b": "queued"}])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        run_queue(tiny_sweep, fake, jobs=1, poll_seconds=0)
+    assert fake.calls == [("queue", "start", "--jobs", "1")] and not fake.queries
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -144,3 +144,22 @@ def test_a_model_folder_without_a_manifest_is_refused_with_the_stage_to_rerun(
     (classifier / MANIFEST_FILE).unlink()
     assert main(["classify", "--model", str(classifier), "hi"]) == 2
     assert one_line_error(capsys, "classify").endswith("rebuild it: `dvc repro spam-finetune`")
+
+
+def test_a_config_that_disagrees_with_its_weights_is_one_line_naming_the_folder_and_tensor(
+    classifier: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """emb_dim doubled in config.json and the manifest written again: the sizes, not a torch traceback."""
+    for folder in (classifier, checkpoint):
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        config["model"]["emb_dim"] *= 2
+        (folder / CONFIG_FILE).write_text(json.dumps(config))
+        write_model_manifest(folder)  # written so: only the weights' shapes tell
+    emb_dim = TINY_GPT.emb_dim
+    expected = f"tok_emb.weight is [{TINY_GPT.vocab_size}, {emb_dim}] in the weights but [{TINY_GPT.vocab_size}, {2 * emb_dim}] by the config"
+    assert main(["classify", "--model", str(classifier), "You won a free prize"]) == 2
+    line = one_line_error(capsys, "classify")
+    assert f"{classifier}: config.json does not match model.safetensors" in line and expected in line
+    assert main(["chat", "--model", str(checkpoint), "--max-new-tokens", "2", "Say hi"]) == 2
+    line = one_line_error(capsys, "chat")
+    assert f"{checkpoint}: config.json does not match model.safetensors" in line and expected in line

@@ -361,6 +361,9 @@ def test_values_that_cannot_work_are_refused_at_load_naming_the_key(
         ("tracking.experiment", "", "tracking.experiment: expected a name of 1 to 250 characters, got ''"),
         ("tracking.experiment", "x" * 10_000, "tracking.experiment: expected a name of 1 to 250 characters"),
         ("tracking.sweep_variant", "v" * 10_000, "tracking.sweep_variant: expected a name of 1 to 250"),
+        ("tracking.experiment", "gptlab\x00", "tracking.experiment: control character U+0000"),
+        ("tracking.experiment", "gptlab\u202emoc", "tracking.experiment: control character U+202E"),
+        ("tracking.sweep_variant", "a\nb", "tracking.sweep_variant: control character U+000A"),
         (
             "spam.trainable_blocks",
             999,
@@ -446,11 +449,34 @@ def test_an_alias_bomb_in_params_is_refused_at_once_naming_the_file_and_the_limi
         load_params(small)
 
 
-def test_the_configuration_chapter_names_the_yaml_limit() -> None:
-    from gptlab.schema import MAX_YAML_NODES
+def test_a_yaml_file_past_the_size_cap_is_refused_before_parsing(tmp_path: Path) -> None:
+    """Parsing takes seconds a MB (a 50 MB string took minutes): the size is checked first."""
+    from gptlab.experiments.profiles import load_overrides
+    from gptlab.experiments.sweep import load_sweep
+    from gptlab.schema import MAX_YAML_BYTES
 
-    chapter = PROJECT_ROOT / "docs" / "configuration.md"
-    assert f"{MAX_YAML_NODES:,} nodes" in chapter.read_text(encoding="utf-8")
+    text = committed_params_text()
+    huge = f"# {'x' * MAX_YAML_BYTES}\n"  # a comment: only the size is wrong with it
+    params, profile, sweep = tmp_path / "params.yaml", tmp_path / "profile.yaml", tmp_path / "sweep.yaml"
+    params.write_text(text + huge, encoding="utf-8")
+    profile.write_text("gpt2:\n  batch_size: 4\n" + huge, encoding="utf-8")
+    sweep.write_text("stage: spam-finetune\nvariants: {a: {}}\n" + huge, encoding="utf-8")
+    refused = "larger than 1 MiB, far more than any params, profile or sweep file needs"
+    with pytest.raises(ConfigError, match=re.escape(f"{params}: {refused}")):
+        load_params(params)
+    with pytest.raises(ConfigError, match=re.escape(f"{profile}: {refused}")):
+        load_overrides(profile, PROJECT_ROOT / "params.yaml")
+    with pytest.raises(ConfigError, match=re.escape(f"{sweep}: {refused}")):
+        load_sweep(sweep, PROJECT_ROOT / "params.yaml")
+    params.write_text(text + huge[: MAX_YAML_BYTES - len(text.encode()) - 1] + "\n", encoding="utf-8")
+    assert load_params(params) == committed_params()  # at the cap: read
+
+
+def test_the_configuration_chapter_names_the_yaml_limits() -> None:
+    from gptlab.schema import MAX_YAML_BYTES, MAX_YAML_NODES
+
+    chapter = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert f"{MAX_YAML_NODES:,} nodes" in chapter and f"{MAX_YAML_BYTES >> 20} MiB" in chapter
 
 
 def test_params_that_are_not_a_file_are_named(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +46,27 @@ def test_a_stage_stopped_by_sigterm_says_so_in_one_line_and_exits_143(
     assert exit_info.value.code == 128 + signal.SIGTERM
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("stopped by SIGTERM: rerun the stage")
+
+
+def test_the_sigterm_line_starts_a_line_of_its_own_after_a_progress_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bar mid-way holds stderr's line without a newline: the stop line must not be glued to it."""
+    from tqdm import tqdm
+
+    params_file = write_committed_params(tmp_path)
+
+    def run(params: Params) -> None:
+        bar = tqdm(total=10, desc="training", file=sys.stderr)
+        bar.update(3)
+        bar.refresh()
+        sigterm_to_self()
+
+    with pytest.raises(SystemExit):
+        stage_main(run, "a stage", ["--params", str(params_file)])
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("training:") for line in lines)
+    assert [line for line in lines if "stopped by SIGTERM" in line][0].startswith("stopped by SIGTERM: rerun")
 
 
 def test_a_stage_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(

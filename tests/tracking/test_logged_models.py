@@ -380,16 +380,42 @@ def test_a_full_artifact_store_is_one_line_naming_it_and_leaves_no_partial_model
 
 
 @pytest.mark.slow
-def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
+@pytest.mark.slow
+def test_the_mlflow_model_refuses_a_config_that_disagrees_with_its_weights_in_one_line(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """emb_dim doubled in config.json, the manifest written again: the sizes named, not torch's traceback."""
+    import mlflow.pyfunc
+
+    monkeypatch.chdir(tmp_path)
+    tiny_classifier(tmp_path / "clf")
+    config_file = tmp_path / "clf" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["model"]["emb_dim"] *= 2
+    config_file.write_text(json.dumps(config))
+    write_model_manifest(tmp_path / "clf")
+    with stage_run("spam-finetune", "gptlab", {}) as tracker:
+        uri = log_spam(tracker, tmp_path / "clf", shared_data)
+    with pytest.raises(
+        GptlabError,
+        match=r"config\.json does not match model\.safetensors: tok_emb\.weight is \[50257, 16\] in the weights but \[50257, 32\] by the config",
+    ) as info:
+        mlflow.pyfunc.load_model(uri)
+    assert "\n" not in str(info.value)
+
+
+def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
+    tmp_path: Path, shared_data: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`mlflow models serve` on a spam and an instruct model: each bad request a 400 naming its field."""
     import mlflow.pyfunc
     import pandas as pd
 
+    from gptlab.tasks.responses import generate_response
+
     monkeypatch.chdir(tmp_path)
     tiny_classifier(tmp_path / "clf")
-    tiny_language_model(tmp_path / "lm")
+    language_model = tiny_language_model(tmp_path / "lm")
     uris = {}
     for kind, folder in (("spam", "clf"), ("instruct", "lm")):
         with stage_run(f"{kind}-finetune", "gptlab", {}) as tracker:
@@ -397,6 +423,15 @@ def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
     # In Python, the same check is a ValueError naming the field.
     with pytest.raises(ValueError, match=r"^text \(row 2\) is empty: give some text to classify$"):
         mlflow.pyfunc.load_model(uris["spam"]).predict(pd.DataFrame({"text": ["hi", "  "]}))
+    # The instruct model samples as `gptlab chat --temperature` does, seeded: not silently greedy.
+    sampling = {"temperature": 1.5, "top_k": 50, "seed": 7}
+    asked = pd.DataFrame({"instruction": ["Name a color."]})
+    answered = mlflow.pyfunc.load_model(uris["instruct"]).predict(asked, {"max_new_tokens": 6, **sampling})
+    entry = {"instruction": "Name a color.", "input": ""}
+    assert answered["response"].tolist() == [
+        generate_response(language_model, tokenizer, entry, max_new_tokens=6, **sampling)
+    ]
+    assert answered["response"][0] != generate_response(language_model, tokenizer, entry, max_new_tokens=6)
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the models run the code they carry
     (tmp_path / "spam").mkdir()
@@ -439,6 +474,10 @@ def test_the_served_models_refuse_a_bad_request_in_one_line_as_the_cli_does(
         one_line_refusal(
             *invoke(instruct, {"dataframe_split": asked, "params": {"max_new_tokens": 0}}),
             "max_new_tokens: expected 1 to 10000, got 0",
+        )
+        one_line_refusal(
+            *invoke(instruct, {"dataframe_split": asked, "params": {"temperature": 1000.0}}),
+            "temperature: expected 0 (greedy) or a number from 0.01 to 100, got 1000",
         )
 
 

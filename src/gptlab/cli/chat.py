@@ -2,7 +2,8 @@
 
 The instruction (and optional input) is put into the Alpaca prompt the model
 was tuned on and answered greedily with the KV cache, stopping at
-end-of-text: exactly how the instruct-finetune stage answered its test set.
+end-of-text: exactly how the instruct-finetune stage answered its test set
+(`--temperature` samples instead, with `--top-k` and `--seed`, as a served model does).
 
 The prompt and the answer must fit the model's context: an input too long for
 it is cropped at its end (the instruction and the template never are), and the
@@ -21,8 +22,10 @@ from pathlib import Path
 from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
 from gptlab.cli.model_source import ModelSource, bpe_folder, find_model
 from gptlab.errors import InputError
+from gptlab.files import require_folder
 from gptlab.paths import INSTRUCT_MODEL
 from gptlab.pipeline.params import load_params
+from gptlab.tasks import request
 
 # The heavy imports (torch, the model) happen once the command runs, so `gptlab --help` stays fast.
 
@@ -55,10 +58,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder holding gpt2/vocab.bpe and gpt2/encoder.json (default: the MLflow model's own, "
         "else data.raw_dir of params.yaml, else $GPTLAB_MIRROR)",
     )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: the greedy answer the stage gives (default); 0.01 to 100: sample, higher is more varied",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="sample among the k likeliest tokens (default: 0, no limit)"
+    )
+    parser.add_argument("--seed", type=int, default=123, help="the sampling seed (default: %(default)s)")
     add_inference_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    # The arguments first, before the model and torch load (seconds): a typo is one line at once.
+    request.text(args.instruction, "the instruction", hint="say what the model should do")
+    if args.max_new_tokens is not None:
+        request.max_new_tokens(args.max_new_tokens, "--max-new-tokens")
+    args.sampling = {
+        "temperature": request.temperature(args.temperature, "--temperature"),
+        "top_k": request.top_k(args.top_k, "--top-k"),
+        "seed": request.seed(args.seed, "--seed"),
+    }
+    if args.raw_dir is not None:
+        require_folder(args.raw_dir, "--raw-dir")
     with find_model(
         args.model, INSTRUCT_MODEL, command="chat", kind="instruction-tuned model", stage="instruct-finetune"
     ) as source:
@@ -68,13 +92,9 @@ def run(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     # torch on first use: keeps `gptlab --help` fast
     from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
-    from gptlab.tasks import request
     from gptlab.tasks.responses import fit_to_context, generate_response
 
     model_dir = source.checkpoint
-    request.text(args.instruction, "the instruction", hint="say what the model should do")
-    if args.max_new_tokens is not None:
-        request.max_new_tokens(args.max_new_tokens, "--max-new-tokens")
     model, metadata = load_for_inference(model_dir, args)
     if not model.cfg.is_language_model:
         raise InputError(
@@ -110,7 +130,9 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
             f"{asked} {max_new_tokens} capped at {fitted.max_new_tokens}: what the model's context of "
             f"{context} tokens leaves after the {fitted.prompt_tokens}-token prompt"
         )
-    answer = generate_response(model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens)
+    answer = generate_response(
+        model, tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens, **args.sampling
+    )
     if not answer.strip():
         trained = f" after {metadata['steps']} training steps" if "steps" in metadata else ""
         _warn(

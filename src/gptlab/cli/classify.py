@@ -2,8 +2,9 @@
 
 Messages come as arguments, or one per line from `--file PATH` (`-` for stdin).
 Each is encoded, truncated and padded to the checkpoint's training length as
-in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`
-(or one JSON object per line with `--json`).
+in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`,
+the text on one line and cut after 200 characters (or one JSON object per line,
+whole, with `--json`). `--file` reads at most 64 MiB, so an endless stream stops.
 
 `--model` takes a checkpoint folder or a model logged in MLflow
 (`models:/gptlab-spam@champion`), whose own BPE files are then used.
@@ -15,13 +16,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import IO, Any
 
 from gptlab.cli.inference_options import add_inference_arguments, load_for_inference
 from gptlab.cli.model_source import ModelSource, bpe_folder, find_model
 from gptlab.errors import InputError
+from gptlab.files import require_folder
 from gptlab.paths import SPAM_MODEL
+from gptlab.tasks import request
 
 # The heavy imports (torch, the model) happen once the command runs, so `gptlab --help` stays fast.
+
+MAX_INPUT_BYTES = 64 << 20  # what --file reads at most: some 400,000 SMS-sized messages
+SHOWN_CHARS = 200  # of each message, in the plain output (--json gives it whole)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,23 +59,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with find_model(
-        args.model, SPAM_MODEL, command="classify", kind="trained classifier", stage="spam-finetune"
-    ) as source:
-        return _classify(args, source)
-
-
-def _classify(args: argparse.Namespace, source: ModelSource) -> int:
-    # torch on first use: keeps `gptlab --help` fast
-    from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
-    from gptlab.tasks import request
-    from gptlab.tasks.classifier import classify_texts
-
-    model_dir = source.checkpoint
+    # The arguments and messages first, before the model and torch load (seconds): one line at once.
     batch_size = request.batch_size(args.batch_size, "--batch-size")
     texts = request.texts(
         _read_texts(args.texts, args.file), "message {n}", hint="give some text to classify"
     )
+    if args.raw_dir is not None:
+        require_folder(args.raw_dir, "--raw-dir")
+    with find_model(
+        args.model, SPAM_MODEL, command="classify", kind="trained classifier", stage="spam-finetune"
+    ) as source:
+        return _classify(args, source, texts, batch_size)
+
+
+def _classify(args: argparse.Namespace, source: ModelSource, texts: list[str], batch_size: int) -> int:
+    # torch on first use: keeps `gptlab --help` fast
+    from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+    from gptlab.tasks.classifier import classify_texts
+
+    model_dir = source.checkpoint
     model, metadata = load_for_inference(model_dir, args)
     missing = [key for key in ("labels", "max_length", "pooling") if key not in metadata]
     shown = args.model or model_dir
@@ -95,7 +104,7 @@ def _classify(args: argparse.Namespace, source: ModelSource) -> int:
         if args.json:
             print(json.dumps({"label": labels[best], "probability": round(float(p[best]), 6), "text": text}))
         else:
-            print(f"{labels[best]}\t{p[best]:.4f}\t{text}")
+            print(f"{labels[best]}\t{p[best]:.4f}\t{_shown(text)}")
     return 0
 
 
@@ -109,24 +118,42 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     if file is not None:
         if file == "-":
             buffer = getattr(sys.stdin, "buffer", None)  # bytes, decoded below; absent if already text
-            lines = (
-                sys.stdin.read().splitlines() if buffer is None else _decode_lines(buffer.read(), "<stdin>")
-            )
+            lines = _decode_lines(_capped(buffer or sys.stdin, "<stdin>"), "<stdin>")
         else:
             path = Path(file)
             if path.is_dir():
                 raise IsADirectoryError(f"--file {path}: is a directory, not a file")
             if not path.exists():
                 raise FileNotFoundError(f"--file {path}: no such file")
-            lines = _decode_lines(path.read_bytes(), str(path))
+            with path.open("rb") as fh:
+                lines = _decode_lines(_capped(fh, str(path)), str(path))
         messages += [line for line in lines if line.strip()]
     if not messages:
         raise InputError("nothing to classify: give messages as arguments, or --file PATH ('-' for stdin)")
     return messages
 
 
-def _decode_lines(data: bytes, name: str) -> list[str]:
+def _capped(stream: IO[Any], name: str) -> bytes | str:
+    """All of `stream`, refused past MAX_INPUT_BYTES: /dev/zero or an endless pipe has no end to read to."""
+    data = stream.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(
+            f"--file {name}: more than {MAX_INPUT_BYTES >> 20} MiB of messages, the most one call reads; "
+            "split the file, or is it endless?"
+        )
+    return data
+
+
+def _shown(text: str) -> str:
+    """The message as printed beside its label: on one line, cut after SHOWN_CHARS characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= SHOWN_CHARS else f"{line[:SHOWN_CHARS]}… ({len(text):,} characters)"
+
+
+def _decode_lines(data: bytes | str, name: str) -> list[str]:
     """The lines of UTF-8 `data`; text in another encoding is an InputError naming the file and line."""
+    if isinstance(data, str):  # a text stream, decoded already
+        return data.splitlines()
     try:
         return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:

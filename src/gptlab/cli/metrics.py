@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gptlab.cli.report import REPORTS_HINT
 from gptlab.errors import InputError
 from gptlab.experiments.metrics_check import (
     BASELINES,
@@ -26,6 +27,7 @@ from gptlab.experiments.metrics_check import (
     pairs_to_check,
     update_baseline,
 )
+from gptlab.files import require_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0: within tolerance (or baseline written); 1: a metric regressed or is missing; 2: could not check."""
+    if args.reports is not None:
+        require_folder(args.reports, "--reports", REPORTS_HINT)
     if args.action == "check":
         pairs = pairs_to_check(args.baseline, args.reports)
         results = []

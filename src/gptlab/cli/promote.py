@@ -24,11 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.version.isdigit() or int(args.version) < 1:
+        raise InputError(f"VERSION: expected a version number (1, 2, ...), got {args.version!r}")
     # the MLflow side on first use: keeps `gptlab --help` fast
     from gptlab.tracking.registry import promote
 
-    if not args.version.isdigit() or int(args.version) < 1:
-        raise InputError(f"VERSION: expected a version number (1, 2, ...), got {args.version!r}")
     uri = promote(args.name, str(int(args.version)), args.alias)
     print(f"{args.name} version {int(args.version)} is now @{args.alias}: {uri}")
     return 0

@@ -23,10 +23,13 @@ from gptlab.book.reproduction import (  # light: torch only when needed
     make_report,
     save_report,
 )
+from gptlab.files import require_folder
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import load_params
 from gptlab.schema import read_yaml
 
+# What a missing --reports folder is told: the folders a run writes.
+REPORTS_HINT = " (a run's reports: reports after `dvc repro`, .gptlab/smoke/reports after `gptlab smoke`)"
 # Where the report goes unless told otherwise: beside the smoke workspace, never tracked.
 DEFAULT_OUT = Path(".gptlab") / REPORT_NAME
 
@@ -93,6 +96,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_folder(args.reports, "--reports", REPORTS_HINT)
     out = args.reports / REPORT_NAME if args.write else args.out or DEFAULT_OUT
     text, outcomes = make_report(
         args.book, args.reports, progress=_Progress() if sys.stderr.isatty() else None

@@ -14,8 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from gptlab.errors import GptlabError
+from gptlab.errors import GptlabError, InputError
 from gptlab.experiments.profiles import experiment_env, load_overrides, profile_path, set_arguments
+from gptlab.schema import name_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
         raise GptlabError("dvc.yaml not found: run `gptlab run` from the project root")
+    if args.name is not None and (problem := name_problem(args.name)):
+        raise InputError(f"--name: {problem}")
     profile = profile_path(args.profile)
     overrides = load_overrides(profile, project / "params.yaml")
     stem = profile.stem if profile.is_file() else "profile"  # a pipe's name (/dev/fd/63) says nothing

@@ -6,16 +6,16 @@ import argparse
 from pathlib import Path
 
 from gptlab.experiments.metrics_check import DEFAULT_BASELINE, check
-from gptlab.experiments.profiles import profile_params
+from gptlab.experiments.profiles import profile_params, profile_path
 from gptlab.experiments.smoke import DEFAULT_PROFILE, next_steps, run_profile, smoke_log
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
-        type=Path,
-        default=DEFAULT_PROFILE,
-        help="overrides of params.yaml (default: %(default)s)",
+        default=DEFAULT_PROFILE.stem,
+        metavar="NAME",
+        help="profiles/NAME.yaml, or a path to a profile file, as for `gptlab run` (default: %(default)s)",
     )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="workspace to run in (default: .gptlab/<profile name>)"
@@ -36,11 +36,14 @@ def run(args: argparse.Namespace) -> int:
     project = Path.cwd()
     if not (project / "dvc.yaml").is_file():
         raise FileNotFoundError("dvc.yaml not found: run `gptlab smoke` from the project root")
-    workdir = args.workdir or project / ".gptlab" / args.profile.stem
-    reports = run_profile(project, args.profile, workdir, fresh=args.fresh)
+    profile = profile_path(args.profile)
+    if not args.no_check and not args.baseline.is_file():
+        raise FileNotFoundError(f"--baseline {args.baseline}: no such file (or pass --no-check)")
+    workdir = args.workdir or project / ".gptlab" / profile.stem
+    reports = run_profile(project, profile, workdir, fresh=args.fresh, workdir_given=args.workdir is not None)
     shown = workdir.relative_to(project) if workdir.is_relative_to(project) else workdir
     print(f"\nSmoke run finished in {shown}; every stage's output is in {smoke_log(shown)}\n")
     result = 0 if args.no_check else check(args.baseline, reports)
-    experiment = profile_params(args.profile, project / "params.yaml").tracking.experiment
+    experiment = profile_params(profile, project / "params.yaml").tracking.experiment
     print("", *next_steps(shown, experiment), sep="\n")
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from gptlab.cli.ui_server import check_port_free, serve, ui_command
+from gptlab.errors import InputError
 from gptlab.pipeline.params import load_params
 from gptlab.tracking.ui import runs_link, ui_link
 
@@ -38,14 +39,16 @@ def run(args: argparse.Namespace) -> int:
     # the MLflow side on first use: keeps `gptlab --help` fast
     from gptlab.tracking.store import check_reachable, imported_mlflow, masked_uri, store_errors, tracking_uri
 
+    if not 0 < args.port < 65536:
+        raise InputError(f"--port: expected 1 to 65535, got {args.port}")
     name = args.experiment or load_params().tracking.experiment
     store = tracking_uri()
+    remote = store.startswith(("http://", "https://"))
+    if not (remote or args.print_url):  # before MLflow loads (seconds): a busy port prints only why
+        check_port_free(args.host, args.port)
     check_reachable(store)
     with store_errors(store):
         found = imported_mlflow().MlflowClient(tracking_uri=store).get_experiment_by_name(name)
-    remote = store.startswith(("http://", "https://"))
-    if not (remote or args.print_url):
-        check_port_free(args.host, args.port)  # before the URL: a busy port prints only why
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)
     missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"

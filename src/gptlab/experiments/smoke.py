@@ -53,19 +53,22 @@ def smoke_model_hint(command: str, model: Path, raw_dir: Path) -> str:
     )
 
 
-def check_workdir(project: Path, workdir: Path) -> None:
-    """Refuse a workspace folder that gptlab did not make: the project, a folder above it, a user's folder."""
+def check_workdir(project: Path, workdir: Path, *, given: bool = True) -> None:
+    """Refuse a workspace folder that gptlab did not make: the project, a folder above it, a user's folder.
+
+    The refusal names `--workdir` when the user `given` it, else the default workspace.
+    """
     project, workdir = project.resolve(), workdir.resolve()
+    where = f"--workdir {workdir}" if given else f"the default workspace {workdir}"
+    fix = "name a new folder for the workspace" + ("" if given else " with --workdir")
     if workdir == project or workdir in project.parents:
-        raise GptlabError(
-            f"--workdir {workdir}: it holds the project itself; name a new folder for the workspace"
-        )
+        raise GptlabError(f"{where}: it holds the project itself; {fix}")
     if workdir.exists() and not workdir.is_dir():
-        raise GptlabError(f"--workdir {workdir}: not a folder; name a new folder for the workspace")
+        raise GptlabError(f"{where}: not a folder; {fix}")
     if workdir.is_dir() and any(workdir.iterdir()) and not (workdir / WORKSPACE_MARKER).is_file():
         raise GptlabError(
-            f"--workdir {workdir}: not empty and not made by gptlab smoke; nothing was deleted. "
-            "Name a new or empty folder"
+            f"{where}: not empty and not made by gptlab smoke; nothing was deleted. "
+            + ("Name a new or empty folder" if given else "Move it away, or name a new folder with --workdir")
         )
 
 
@@ -218,9 +221,12 @@ def source_commit_env(project: Path) -> dict[str, str]:
     return {SOURCE_COMMIT_ENV: commit, SOURCE_DIRTY_ENV: str(bool(status.strip())).lower()}
 
 
-def run_profile(project: Path, profile: Path, workdir: Path, fresh: bool = False) -> Path:
+def run_profile(
+    project: Path, profile: Path, workdir: Path, fresh: bool = False, *, workdir_given: bool = True
+) -> Path:
     """Run every stage with the profile's overrides; returns the workspace's reports folder."""
-    check_workdir(project, workdir)  # before the lock file is made beside it (prepare_workspace checks again)
+    # before the lock file is made beside it (prepare_workspace checks again)
+    check_workdir(project, workdir, given=workdir_given)
     overrides = load_overrides(profile, project / "params.yaml")
     with workspace_lock(workdir):
         return _run_in_workspace(project, profile, workdir, overrides, fresh)

@@ -286,7 +286,10 @@ def run_queue(
     after `timeout` seconds (the experiments go on) or when the queue has no worker left for them.
     """
     names = [sweep.experiment(variant) for variant in sweep.variants]
-    dvc("queue", "start", "--jobs", str(jobs))
+    with signals_held() as received:  # a worker is started whole, or not at all: never killed halfway
+        dvc("queue", "start", "--jobs", str(jobs))
+    if received:
+        raise Terminated("stopped by SIGTERM") if received[0] == signal.SIGTERM else KeyboardInterrupt()
     started, seen, idle_polls, failed_polls = time.monotonic(), dict.fromkeys(names, ""), 0, 0
     while True:
         try:
@@ -313,6 +316,35 @@ def run_queue(
                 f"DVC's queue has no worker while variants are still queued: start one with `dvc queue start --jobs {jobs}`, then rerun `gptlab sweep` with --collect"
             )
         time.sleep(poll_seconds)
+
+
+def settle_stopped(sweep: Sweep, dvc: Dvc, *, polls: int = 3, poll_seconds: float = 2.0) -> str:
+    """What becomes of a sweep's variants once it stops waiting for them, said as done.
+
+    With a DVC worker alive (or a variant running), they go on without the sweep. Without one,
+    nothing would ever run them: those still queued are removed, so none waits forever. A worker
+    just started gets a few polls to show up.
+    """
+    names = [sweep.experiment(variant) for variant in sweep.variants]
+    with signals_held():  # a second Ctrl-C or SIGTERM does not cut the check short
+        for poll in range(polls):
+            try:
+                status = dvc.queue_status()
+            except GptlabError as exc:
+                return f"could not read DVC's queue ({exc}): see `dvc queue status`"
+            queued = [name for name in names if status.states.get(name) == "queued"]
+            if queued and status.workers is None:  # a `dvc queue status` that names no workers
+                return f"{', '.join(queued)} are still queued, and DVC's queue did not say whether a worker runs them: see `dvc queue status`"
+            alive = sum(status.workers or (0, 0)) > 0 or "running" in status.states.values()
+            if alive or not queued:
+                return (
+                    "the variants go on in DVC's queue, run by its worker (`dvc queue status`; stop them with "
+                    f"`dvc queue kill NAME`); `gptlab sweep {sweep.source} --name {sweep.name} --collect` "
+                    "writes the table once they are done"
+                )
+            if poll + 1 < polls:
+                time.sleep(poll_seconds)
+        return f"no DVC worker was running the variants, so nothing would have: {_withdraw(dvc, queued)}"
 
 
 # --------------------------------------------------------------------------- the table
@@ -499,7 +531,7 @@ def run(
             return 128 + stop.signum
         except KeyboardInterrupt as stop:
             said = (
-                f"stopped waiting; the variants go on in DVC's queue (`dvc queue status`, stop them with `dvc queue kill NAME`); `gptlab sweep {file} --name {sweep.name} --collect` writes the table once they are done"
+                f"stopped waiting; {settle_stopped(sweep, dvc)}"
                 if waiting
                 else "stopped before any variant was queued"
             )

@@ -201,6 +201,16 @@ def load_model(
         raise InputError(f"{weights}: corrupted or truncated weights file ({exc}); rerun the stage") from exc
     require_finite(state, weights)
     model = build_gpt(cfg)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if wrong := [
+        name for name, shape in shapes.items() if name in state and tuple(state[name].shape) != shape
+    ]:
+        name = wrong[0]
+        raise InputError(
+            f"{directory}: {CONFIG_FILE} does not match {WEIGHTS_FILE}: {name} is "
+            f"{list(state[name].shape)} in the weights but {list(shapes[name])} by the config "
+            f"({len(wrong)} of {len(shapes)} tensors differ); was config.json edited? rerun the stage that wrote it"
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(

@@ -92,11 +92,12 @@ def stage_main(
         with sigterm_stops():
             run(load_params(args.params))
     except Terminated as exc:
-        print(f"{exc}: rerun the stage (one that trains resumes from its last checkpoint)", file=sys.stderr)
+        # On a line of its own: a progress bar may hold the line, without its newline yet.
+        print(f"\n{exc}: rerun the stage (one that trains resumes from its last checkpoint)", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)  # the shell's code for a process ended by SIGTERM
     except KeyboardInterrupt:
         print(
-            "stopped by SIGINT (Ctrl-C): rerun the stage (one that trains resumes from its last checkpoint)",
+            "\nstopped by SIGINT (Ctrl-C): rerun the stage (one that trains resumes from its last checkpoint)",
             file=sys.stderr,
         )
         sys.exit(128 + signal.SIGINT)  # the shell's code for a process ended by SIGINT

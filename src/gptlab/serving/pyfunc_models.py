@@ -17,8 +17,8 @@ input example:
 - `spam`: a DataFrame column `text` -> `label` (ham / spam) and `spam_probability`,
   each message encoded, truncated and padded as in training (`gptlab classify`);
 - `instruct`: `instruction` and optional `input` -> `response`, the greedy answer
-  to the Alpaca prompt, fitted to the context as `gptlab chat` does (param
-  `max_new_tokens`);
+  to the Alpaca prompt, fitted to the context as `gptlab chat` does (params
+  `max_new_tokens`, and `temperature`, `top_k`, `seed` to sample instead);
 - `lm`: `prompt` -> `text` (the prompt and its continuation), for the pretrained
   and converted language models (params `max_new_tokens`, `temperature`,
   `top_k` with 0 for none, `seed`).
@@ -101,7 +101,7 @@ class SpamClassifier(_Checkpoint):
 
 
 class InstructionModel(_Checkpoint):
-    """`instruction` (+ optional `input`) -> `response`, the greedy answer `gptlab chat` prints."""
+    """`instruction` (+ optional `input`) -> `response`, the answer `gptlab chat` prints (greedy unless sampled)."""
 
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
@@ -113,8 +113,10 @@ class InstructionModel(_Checkpoint):
         inputs = [
             request.text(v, f"input (row {n})", hint="", required=False) for n, v in enumerate(given, 1)
         ]
+        params = params or {}
         default = self.metadata.get("max_new_tokens", 256)
-        max_new_tokens = request.max_new_tokens((params or {}).get("max_new_tokens", default))
+        max_new_tokens = request.max_new_tokens(params.get("max_new_tokens", default))
+        sampling = _sampling(params)
         responses = []
         for instruction, text in zip(instructions, inputs, strict=True):
             fitted = fit_to_context(
@@ -125,7 +127,7 @@ class InstructionModel(_Checkpoint):
             )
             responses.append(
                 generate_response(
-                    self.model, self.tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens
+                    self.model, self.tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens, **sampling
                 )
             )
         return pd.DataFrame({"response": responses})
@@ -142,12 +144,10 @@ class TextGenerator(_Checkpoint):
             _column(model_input, "prompt"), "prompt (row {n})", hint="give a text to continue"
         )
         max_new_tokens = request.max_new_tokens(params.get("max_new_tokens", 50))
-        temperature = request.temperature(params.get("temperature", 0.0))
-        top_k = request.top_k(params.get("top_k", 0))
-        seed = request.seed(params.get("seed", 123))
+        sampling = _sampling(params)
         texts = []
         for prompt in prompts:
-            sample = SampleConfig(prompt, max_new_tokens, temperature, top_k, seed)
+            sample = SampleConfig(prompt, max_new_tokens, **sampling)
             texts.append(generate_text(self.model, self.tokenizer, sample))
         return pd.DataFrame({"text": texts})
 
@@ -200,6 +200,15 @@ class BadModelInput(MlflowException, ValueError):
     def message(self, value: str) -> None:
         if not hasattr(self, "_line"):  # MlflowException.__init__'s; the server's rewrite is ignored
             self._line = value
+
+
+def _sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """temperature (0: greedy), top_k (0: none) and seed of a request, checked as `gptlab chat` checks them."""
+    return {
+        "temperature": request.temperature(params.get("temperature", 0.0)),
+        "top_k": request.top_k(params.get("top_k", 0)),
+        "seed": request.seed(params.get("seed", 123)),
+    }
 
 
 def _column(frame: pd.DataFrame, column: str) -> list[Any]:

@@ -50,7 +50,7 @@ def model_spec(
     """The pyfunc model of a registered model of `kind` (pretrain, spam or instruct), served as SERVED_AS says.
 
     `checkpoint` is its folder, `bpe_files` GPT-2's vocab.bpe and encoder.json; `defaults` the
-    params' defaults (instruct: max_new_tokens; lm: max_new_tokens, temperature, top_k, seed),
+    params' defaults (max_new_tokens, temperature, top_k, seed; spam: batch_size),
     e.g. the stage's own settings.
     """
     if kind not in SERVED_AS:
@@ -68,7 +68,10 @@ def model_spec(
     elif served == "instruct":
         inputs = Schema([ColSpec("string", "instruction"), ColSpec("string", "input", required=False)])
         outputs = Schema([ColSpec("string", "response")])
-        param_specs = [ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256)))]
+        param_specs = [
+            ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 256))),
+            *_sampling_params(defaults),
+        ]
         # A short answer keeps the check MLflow runs on the example (when logging) quick.
         example = (
             pd.DataFrame(
@@ -81,9 +84,7 @@ def model_spec(
         outputs = Schema([ColSpec("string", "text")])
         param_specs = [
             ParamSpec("max_new_tokens", "long", int(defaults.get("max_new_tokens", 50))),
-            ParamSpec("temperature", "double", float(defaults.get("temperature", 0.0))),
-            ParamSpec("top_k", "long", int(defaults.get("top_k") or 0)),
-            ParamSpec("seed", "long", int(defaults.get("seed", 123))),
+            *_sampling_params(defaults),
         ]
         example = (pd.DataFrame({"prompt": ["Every effort moves you"]}), {"max_new_tokens": 8})
     return PyfuncSpec(
@@ -95,6 +96,15 @@ def model_spec(
         input_example=example,
         pip_requirements=requirements(),
     )
+
+
+def _sampling_params(defaults: Mapping[str, Any]) -> list[ParamSpec]:
+    """temperature (0: greedy), top_k (0: no limit) and seed, as the language and instruct models take them."""
+    return [
+        ParamSpec("temperature", "double", float(defaults.get("temperature", 0.0))),
+        ParamSpec("top_k", "long", int(defaults.get("top_k") or 0)),
+        ParamSpec("seed", "long", int(defaults.get("seed", 123))),
+    ]
 
 
 def requirements() -> list[str]:

@@ -37,12 +37,25 @@ def extract_response(generated_text: str, prompt: str) -> str:
 
 
 def generate_response(
-    model: GPTModel, tokenizer: tiktoken.Encoding, entry: Mapping[str, str], *, max_new_tokens: int
+    model: GPTModel,
+    tokenizer: tiktoken.Encoding,
+    entry: Mapping[str, str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 123,
 ) -> str:
-    """The model's greedy answer to one instruction record, stopping at end-of-text."""
+    """The model's answer to one instruction record, stopping at end-of-text: greedy (temperature 0,
+    as the stage answers), else sampled with `seed` in a fork of the RNG, so reruns answer the same."""
     prompt = format_input(entry)
     ids = text_to_token_ids(prompt, tokenizer)  # (1, t)
-    out = generate(model, ids, max_new_tokens, eos_id=END_OF_TEXT_ID, use_cache=True)  # (1, t + n)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        out = generate(  # (1, t + n)
+            model, ids, max_new_tokens, temperature=temperature, top_k=top_k, eos_id=END_OF_TEXT_ID
+        )
     return extract_response(token_ids_to_text(out, tokenizer), prompt)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptlab.schema import MAX_NAME_LENGTH, require
+from gptlab.schema import name_problem, require
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,6 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         for name in ("experiment", "sweep", "sweep_variant"):
             value = getattr(self, name)
-            if value is not None:  # experiment is always set; the sweep's two only by `gptlab sweep`
-                require(
-                    value.strip() != "" and len(value) <= MAX_NAME_LENGTH,
-                    name,
-                    f"expected a name of 1 to {MAX_NAME_LENGTH} characters, got "
-                    + (repr(value) if len(value) <= MAX_NAME_LENGTH else f"{len(value):,} characters"),
-                )
+            # experiment is always set; the sweep's two only by `gptlab sweep`
+            problem = None if value is None else name_problem(value)
+            require(problem is None, name, problem or "")

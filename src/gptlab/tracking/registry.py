@@ -229,9 +229,14 @@ def promote(name: str, version: str, alias: str = CHAMPION) -> str:
             if (said := store_failure(store, exc)) is not None:
                 raise StoreError(said) from None
             try:
-                versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+                client.get_registered_model(name)
             except MlflowException:
-                versions = []
+                names = sorted(model.name for model in client.search_registered_models(max_results=50))
+                raise GptlabError(
+                    f"no registered model {name!r} in {masked_uri(store)}: the registered models are "
+                    f"{', '.join(names) or 'none yet'} (each successful training stage registers its model)"
+                ) from None
+            versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
             known = f"its versions are {', '.join(map(str, versions))}" if versions else "it has no versions"
             raise GptlabError(
                 f"no version {version} of registered model {name!r} in {masked_uri(store)}: {known} "
