@@ -25,25 +25,35 @@ import functools
 import json
 from pathlib import Path
 
+import tiktoken
 import torch
 
 from gptlab.data.instruct import SPLITS
 from gptlab.data.preference import SUBDIR, PreferenceDataset, load_split, preference_collate, split_path
 from gptlab.files import write_figure, write_json
 from gptlab.model.checkpoint import load_model, read_config
+from gptlab.model.gpt import GPTModel
 from gptlab.model.lora import add_lora, has_lora, merge_lora
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import INSTRUCT_MODEL, PREFERENCE_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.plots import plot_reward_margins
-from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, trainable_metadata, training_run
+from gptlab.pipeline.training_stage import (
+    DatasetRead,
+    Reports,
+    TrainingRun,
+    loss_table,
+    trainable_metadata,
+    training_run,
+)
 from gptlab.schema import flatten
+from gptlab.tasks.config import PreferenceConfig
 from gptlab.tasks.fine_tune import adds_lora, require_language_model, select_trainable
 from gptlab.tasks.preference import (
     DpoLoss,
     answers_before_after,
     count_chosen_tokens,
-    pair_metrics,
+    preference_metrics,
     score_pairs,
 )
 from gptlab.training.loop import require_one_batch
@@ -107,37 +117,10 @@ def run(params: Params) -> None:
             score_pairs, dataset=datasets["test"], batch_size=cfg.train.batch_size, collate_fn=collate
         )
         before, after = score(reference, desc="test pairs before"), score(model, desc="test pairs after")
-        # The reference is the policy before training: its rewards are 0, so "before" is the baseline.
-        test = {
-            "before": pair_metrics(before, before, cfg.beta) | {"prefers_chosen": before.prefers_chosen()},
-            "after": pair_metrics(after, before, cfg.beta) | {"prefers_chosen": after.prefers_chosen()},
-        }
-        last = result.history[-1] if result.history else {}
-        metrics = {
-            "final_train_loss": last.get("train_loss"),
-            "final_val_loss": last.get("val_loss"),
-            **{
-                f"final_{s}_reward_margin": last[f"{s}_chosen_reward"] - last[f"{s}_rejected_reward"]
-                for s in ("train", "val")
-                if f"{s}_chosen_reward" in last
-            },
-            "test": test,
-        }
-        metrics = json.loads(json.dumps(metrics), parse_constant=lambda _: None)  # nan (an empty split): null
+        metrics = preference_metrics(result.history[-1] if result.history else {}, before, after, cfg.beta)
         counts = {"steps": result.steps, "tokens_seen": result.seen, "trainable_params": trainable}
         counts |= {f"{split}_records": len(records) for split, records in splits.items()}
-        responses = answers_before_after(
-            {"before": reference, "after": model},
-            tokenizer,
-            splits["test"],
-            max_new_tokens=cfg.max_new_tokens,
-            generate=cfg.generate,
-        )
-        write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
-        if responses:  # a table the MLflow UI shows in its evaluation view
-            stage.tracker.log_table(
-                {k: [r[k] for r in responses] for k in responses[0]}, "preference/answers.json"
-            )
+        _answer_test_records({"before": reference, "after": model}, tokenizer, splits["test"], cfg, stage)
         if result.history:
             write_figure(REPORT_DIR / "reward_margins.png", plot_reward_margins(result.history))
         metadata = {
@@ -162,6 +145,24 @@ def run(params: Params) -> None:
             model_defaults={"max_new_tokens": cfg.max_new_tokens},
         )
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
+
+
+def _answer_test_records(
+    models: dict[str, GPTModel],
+    tokenizer: tiktoken.Encoding,
+    records: list[dict[str, str]],
+    cfg: PreferenceConfig,
+    stage: TrainingRun,
+) -> None:
+    """responses.json: each test record answered by the model before and after; in MLflow as a table."""
+    responses = answers_before_after(
+        models, tokenizer, records, max_new_tokens=cfg.max_new_tokens, generate=cfg.generate
+    )
+    write_json(REPORT_DIR / "responses.json", responses, sort_keys=False)
+    if responses:  # the MLflow UI shows a table in its evaluation view
+        stage.tracker.log_table(
+            {k: [r[k] for r in responses] for k in responses[0]}, "preference/answers.json"
+        )
 
 
 if __name__ == "__main__":

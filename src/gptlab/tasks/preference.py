@@ -134,6 +134,36 @@ def pair_metrics(policy: PairScores, reference: PairScores, beta: float) -> dict
     }
 
 
+def preference_metrics(
+    last_evaluation: Mapping[str, float], before: PairScores, after: PairScores, beta: float
+) -> dict[str, Any]:
+    """The stage's DVC metrics: the last evaluation's losses and reward margins, and the test split's pairs.
+
+    `before` are the test pairs' scores by the reference, which is the policy before training
+    (its rewards are 0: "before" is the baseline), `after` by the trained policy. nan (an empty
+    split) becomes None, which JSON can hold.
+    """
+    metrics: dict[str, Any] = {
+        "final_train_loss": last_evaluation.get("train_loss", math.nan),
+        "final_val_loss": last_evaluation.get("val_loss", math.nan),
+    }
+    for split in ("train", "val"):
+        if f"{split}_chosen_reward" in last_evaluation:
+            margin = last_evaluation[f"{split}_chosen_reward"] - last_evaluation[f"{split}_rejected_reward"]
+            metrics[f"final_{split}_reward_margin"] = margin
+    metrics["test"] = {
+        "before": pair_metrics(before, before, beta) | {"prefers_chosen": before.prefers_chosen()},
+        "after": pair_metrics(after, before, beta) | {"prefers_chosen": after.prefers_chosen()},
+    }
+    return _nan_as_none(metrics)
+
+
+def _nan_as_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _nan_as_none(item) for key, item in value.items()}
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
