@@ -60,6 +60,15 @@ def write_params(project: Path, shared_data: Path, *, log_models: bool = False, 
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the stage subprocesses get (OMP_NUM_THREADS=1): the same float sums."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def project(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A temp project (cwd) with tiny preference splits and a tiny instruct model at models/instruct."""
@@ -274,7 +283,6 @@ def notebook_run(project: Path, tokenizer) -> list[dict[str, float]]:
 def test_stage_equals_the_notebooks_procedure_and_its_model_chats(
     project: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    torch.set_num_threads(1)
     run(load_params())
     reports = project / "reports" / "preference"
     ours = pd.read_csv(reports / "losses.csv")
@@ -348,7 +356,6 @@ def test_resume_after_kill_gives_the_uninterrupted_result(
 
     with monkeypatch.context() as here:  # in this process, on one thread as the subprocesses
         here.chdir(untouched)
-        torch.set_num_threads(1)
         run(load_params())
     kill_after_first_checkpoint(project, env)
     assert not (project / "reports" / "preference" / "losses.csv").exists(), "it finished before the kill"
