@@ -1,8 +1,10 @@
 """Stage `tokenize`: The Verdict, the SMS spam collection and the instruction data, ready to train on.
 
 Reads the download stage's files from data.raw_dir and writes under
-data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy}
-and instruct/{train,val,test}.json. Counts, lengths and class balance go to
+data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy},
+instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
+notebook's pairs, split as chapter 7; their sizes are the preference stage's to
+report). Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
 and to the stage's MLflow run as `counts.*` params; the three raw datasets are
 the run's inputs, with their DVC content hash and split sizes.
@@ -22,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptlab.data import instruct, spam, verdict
+from gptlab.data import instruct, preference, spam, verdict
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
@@ -77,6 +79,13 @@ def run(params: Params) -> None:
                 max_records=cfg.instruct.max_records,
             ),
         }
+        preference.prepare(
+            inputs["instruction_preference"],
+            processed_dir,
+            train_frac=cfg.preference.train_frac,
+            test_frac=cfg.preference.test_frac,
+            max_records=cfg.preference.max_records,
+        )
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):

@@ -16,6 +16,8 @@ GPT2_MODELS = Path("models") / "gpt2"
 SPAM_MODEL = Path("models") / "spam"
 # Stage instruct-finetune: the instruction-tuned model (read by `gptlab chat`).
 INSTRUCT_MODEL = Path("models") / "instruct"
+# Stage preference-finetune: the instruct model tuned with DPO (`gptlab chat --model models/preference`).
+PREFERENCE_MODEL = Path("models") / "preference"
 # Each stage's JSON/CSV/PNG reports, REPORTS/<stage>/ (DVC metrics and plots).
 REPORTS = Path("reports")
 # In a copy of the project that runs apart (a `gptlab smoke` workspace, wherever it is): the

@@ -61,7 +61,7 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     expected = {
         *(f"verdict/{s}.npy" for s in ("train", "val")),
         *(f"spam/{s}.{ext}" for s in ("train", "val", "test") for ext in ("csv", "npy")),
-        *(f"instruct/{s}.json" for s in ("train", "val", "test")),
+        *(f"{data}/{s}.json" for data in ("instruct", "preference") for s in ("train", "val", "test")),
     }
     assert {str(p.relative_to(processed)) for p in processed.rglob("*") if p.is_file()} == expected
     metrics = json.loads((project / REPORT).read_text())

@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="DIR|URI",
-        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct), or a model "
-        "logged in MLflow, e.g. models:/gptlab-instruct@champion",
+        help="checkpoint written by `dvc repro instruct-finetune` (default: models/instruct) or by "
+        "`dvc repro preference-finetune` (models/preference), or a model logged in MLflow, e.g. "
+        "models:/gptlab-instruct@champion",
     )
     parser.add_argument(
         "--max-new-tokens",

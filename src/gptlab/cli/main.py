@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 DESCRIPTION = """\
 GPT-2 from the book as a DVC pipeline tracked in MLflow. Which command runs it:
-  gptlab smoke   first: all seven stages on a small profile (3 to 9 min on 2 cores), in .gptlab/smoke
+  gptlab smoke   first: all eight stages on a small profile (minutes on 2 cores), in .gptlab/smoke
                  (your params.yaml, outputs and dvc.lock stay untouched); CI runs it
   dvc repro      the full pipeline with params.yaml, here: the book's run (hours on a CPU)
   gptlab run     the pipeline with a profile's overrides, as a DVC experiment beside yours

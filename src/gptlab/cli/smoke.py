@@ -1,4 +1,4 @@
-"""`gptlab smoke`: run all seven stages on a small profile, then check its metrics."""
+"""`gptlab smoke`: run all eight stages on a small profile, then check its metrics."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ class Sources:
     the_verdict: SourceFile
     sms_spam: SourceFile
     instruction_data: SourceFile
+    instruction_preference: SourceFile
     gpt2_vocab_bpe: SourceFile
     gpt2_encoder_json: SourceFile
 
@@ -94,6 +95,7 @@ class TokenizeConfig:
     verdict: VerdictSplit
     spam: SpamSplit
     instruct: InstructSplit
+    preference: InstructSplit
 
 
 @dataclass(frozen=True)

@@ -304,8 +304,8 @@ def run_logged(command: list[str], workdir: Path, env: Mapping[str, str], log: P
 
 
 def progress_line(number: str, stage: str, elapsed_s: float) -> str:
-    """`[3/7] pretrain  (at 1 min 05 s)`: what runs now, and how long into the run it started."""
-    return f"[{number}] {stage:<18} (at {human_duration(elapsed_s)})"
+    """`[3/8] pretrain  (at 1 min 05 s)`: what runs now, and how long into the run it started."""
+    return f"[{number}] {stage:<19} (at {human_duration(elapsed_s)})"  # the longest: preference-finetune
 
 
 def human_duration(seconds: float) -> str:

@@ -92,7 +92,7 @@ class Table:
 class SweepFile:
     """sweeps/<name>.yaml: a stage, overrides its variants share, the variants, notes, its table's columns."""
 
-    stage: Literal["spam-finetune", "instruct-finetune"]
+    stage: Literal["spam-finetune", "instruct-finetune", "preference-finetune"]
     variants: dict[str, dict[str, Any]]  # each overrides laid out like params.yaml
     base: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
@@ -359,11 +359,12 @@ def settings(sweep: Sweep, p: Mapping[str, Any]) -> dict[str, str]:
     lora = {"rank": p.get(f"{task}.lora.rank"), "alpha": p.get(f"{task}.lora.alpha")}
     plural = "" if blocks == 1 else "s"
     trains = table.trains.get(trainable, str(trainable)).format(blocks=blocks, s=plural, **lora)
-    name = p.get(f"{task}.base_model")
+    described = {title: d.said(p) for title, d in table.described.items()}
+    if (name := p.get(f"{task}.base_model")) is None:  # preference: it tunes the instruct stage's model
+        return {"trains": trains, "base model": "models/instruct", **described}
     # load-gpt2 converts this pipeline's own pretrained model under every base model's name
     model = f"models/pretrain (as {name})" if p.get("gpt2.source") == PRETRAIN_SOURCE else f"OpenAI's {name}"
     model += ": its architecture, random weights" if p.get(f"{task}.base_weights") == "random" else ""
-    described = {title: d.said(p) for title, d in table.described.items()}
     return {"trains": trains, "base model": model, **described}
 
 

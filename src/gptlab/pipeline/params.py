@@ -17,7 +17,7 @@ from gptlab.data.config import DataConfig, HFWeights, TokenizeConfig
 from gptlab.files import require_file
 from gptlab.model.config import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelSpec, SampleConfig
 from gptlab.schema import MAX_BATCH_SIZE, ConfigError, build, read_yaml, require, require_count
-from gptlab.tasks.config import InstructConfig, SpamConfig, check_trainable_blocks
+from gptlab.tasks.config import InstructConfig, PreferenceConfig, SpamConfig, check_trainable_blocks
 from gptlab.tracking.config import TrackingConfig
 from gptlab.training.config import CheckpointConfig, TrainConfig
 
@@ -85,6 +85,7 @@ class Params:
     gpt2: Gpt2Config
     spam: SpamConfig
     instruct: InstructConfig
+    preference: PreferenceConfig
 
     def __post_init__(self) -> None:
         # What spam trains and reads must fit its base model, known here for GPT-2's presets and,

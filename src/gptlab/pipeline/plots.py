@@ -52,6 +52,28 @@ def plot_losses(
     return fig
 
 
+def plot_reward_margins(history: Sequence[Mapping[str, float]]) -> Figure:
+    """The DPO notebook's reward figure: train and validation reward margins (chosen - rejected) against tokens seen.
+
+    `history` rows carry tokens_seen and {train,val}_{chosen,rejected}_reward, as the
+    preference stage's training loop records them.
+    """
+    # matplotlib at a stage's end, not its start-up
+    from matplotlib.figure import Figure
+
+    seen = [row["tokens_seen"] for row in history]
+    fig = Figure(figsize=(5, 3))
+    ax = fig.add_subplot()
+    for split, label, style in (("train", "Training", "-"), ("val", "Validation", "-.")):
+        margins = [row[f"{split}_chosen_reward"] - row[f"{split}_rejected_reward"] for row in history]
+        ax.plot(seen, margins, linestyle=style, label=f"{label} reward margin")
+    ax.set_xlabel("Tokens seen")
+    ax.set_ylabel("Reward margin")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
 def plot_accuracy(rows: Sequence[Mapping[str, float]]) -> Figure:
     """Chapter 6's accuracy figure: train and validation accuracy against epochs (epoch 0: the fresh head).
 

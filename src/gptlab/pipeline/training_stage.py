@@ -1,4 +1,4 @@
-"""What the three training stages (pretrain, spam-finetune, instruct-finetune) do alike.
+"""What the training stages (pretrain, spam-finetune, instruct-finetune, preference-finetune) do alike.
 
 Each opens its MLflow run and its resume folder, records what it read, trains
 with the shared loop, and on rank 0 publishes the same way: the checkpoint

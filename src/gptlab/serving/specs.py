@@ -24,7 +24,7 @@ from gptlab.tracking.registry import CHECKPOINT, ENCODER_JSON, VOCAB_BPE, Pyfunc
 
 KINDS = ("spam", "instruct", "lm")
 # The kind each registered model is served as: the pretrained one generates text (lm).
-SERVED_AS = {"pretrain": "lm", "spam": "spam", "instruct": "instruct"}
+SERVED_AS = {"pretrain": "lm", "spam": "spam", "instruct": "instruct", "preference": "instruct"}
 # The key of a logged model's `model_config` that names its kind.
 KIND_KEY = "gptlab.model_kind"
 # What the gptlab modules a model runs import (pinned to the versions that logged it).
@@ -47,7 +47,7 @@ def model_spec(
     bpe_files: tuple[Path, Path],
     defaults: Mapping[str, Any] | None = None,
 ) -> PyfuncSpec:
-    """The pyfunc model of a registered model of `kind` (pretrain, spam or instruct), served as SERVED_AS says.
+    """The pyfunc model of a registered model of `kind` (a MODEL_KINDS name), served as SERVED_AS says.
 
     `checkpoint` is its folder, `bpe_files` GPT-2's vocab.bpe and encoder.json; `defaults` the
     params' defaults (max_new_tokens, temperature, top_k, seed; spam: batch_size),

@@ -1,1 +1,1 @@
-"""The tasks layer: what the fine-tuned models are for: spam classification, instruction answers and their judge."""
+"""The tasks layer: what the fine-tuned models are for: spam classification, instruction answers and their judge, preference tuning (DPO)."""

@@ -146,3 +146,37 @@ class InstructConfig:
             f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
         )
         require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)
+
+
+@dataclass(frozen=True)
+class PreferenceConfig:
+    """The chapter 7 bonus: DPO from the instruct model, against a frozen copy of it."""
+
+    # The DPO loss's inverse temperature: how much the policy's log-ratios against the reference count.
+    beta: float
+    # all (the notebook) or lora, as instruct.trainable's.
+    trainable: Literal["all", "lora"]
+    lora: LoraConfig
+    drop_rate: float
+    allowed_max_length: int
+    # The notebook's mask_prompt_tokens: the prompt and the 2 newlines after it leave each
+    # response's mean log-probability (which keeps "### Response:\n" in it, as the notebook does).
+    mask_prompt: bool
+    max_new_tokens: int
+    generate: AnswerGeneration
+    train: TrainConfig
+
+    def __post_init__(self) -> None:
+        require(0 < self.beta <= 100, "beta", f"expected a value in (0, 100], got {self.beta}")
+        require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
+        require(
+            0 < self.allowed_max_length <= MAX_CONTEXT_LENGTH,
+            "allowed_max_length",
+            f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
+        )
+        require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)
+        require(
+            self.train.loss_kernel == "book",
+            "train.loss_kernel",
+            "the DPO loss has no chunked form; use book",
+        )

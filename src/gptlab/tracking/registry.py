@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from mlflow.models import ModelSignature
 
 # The kinds of model the training stages register, each as `<experiment>-<kind>`.
-MODEL_KINDS = ("pretrain", "spam", "instruct")
+MODEL_KINDS = ("pretrain", "spam", "instruct", "preference")
 CHAMPION = "champion"
 # Artifact names inside a logged model (MLmodel's python_function.artifacts).
 CHECKPOINT = "checkpoint"
@@ -78,7 +78,7 @@ def log_model(
 ) -> str | None:
     """Log a checkpoint folder as `run`'s MLflow pyfunc model and register it as a new version.
 
-    `kind` is pretrain, spam or instruct; `spec` the pyfunc model of its checkpoint;
+    `kind` is pretrain, spam, instruct or preference; `spec` the pyfunc model of its checkpoint;
     `headline` the run's final metrics, quoted in the version's description. The model
     holds the checkpoint's files as artifacts (their one copy in MLflow) and is registered
     as `<experiment>-<kind>` (gptlab-spam, ...). Returns the model's URI (models:/<model_id>),

@@ -25,13 +25,16 @@ KEY_PARAMS = (
     "spam.train.lr",
     "instruct.trainable",
     "instruct.train.lr",
+    "preference.beta",
 )
 HEADLINE_METRICS = (
-    "final/val_loss",  # pretrain, instruct-finetune
+    "final/val_loss",  # pretrain, instruct-finetune, preference-finetune (its DPO loss)
     "eval/val_loss",  # eval, load-gpt2
     "eval/val_perplexity",
     "final/test.accuracy",  # spam-finetune
     "final/rougeL_f1",  # instruct-finetune
+    "final/val_reward_margin",  # preference-finetune
+    "final/test.after.reward_accuracy",
 )
 _DEFAULT_COLUMNS = ("attributes.`Source`", "attributes.`Models`", "attributes.`Dataset`")
 

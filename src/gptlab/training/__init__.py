@@ -1,1 +1,1 @@
-"""The training layer: the one training loop of all three training stages, its losses, data order, resume and devices."""
+"""The training layer: the one training loop of all the training stages, its losses, data order, resume and devices."""

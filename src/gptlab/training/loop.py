@@ -42,7 +42,7 @@ from gptlab.training import distributed
 from gptlab.training.compilation import CompiledOrEager
 from gptlab.training.config import CheckpointConfig, TrainConfig
 from gptlab.training.data_order import Collate, DataOrder
-from gptlab.training.losses import LossFn, average_loss
+from gptlab.training.losses import LossFn, average_terms, loss_terms
 from gptlab.training.resume import Checkpointer
 from gptlab.training.runtime import autocast, ordered_loader, resolve_device, to_device, use_precision
 from gptlab.training.timing import LapClock
@@ -89,7 +89,8 @@ def count_tokens(batch: Any) -> int:
 class TrainResult:
     """What a training run produced; the model itself is trained in place."""
 
-    # One row per evaluation: step, <seen_name>, train_loss, val_loss, lr.
+    # One row per evaluation: step, <seen_name>, train_loss, val_loss (and {split}_{term} for a loss
+    # function's other terms, such as DPO's rewards), lr.
     history: list[dict[str, float]]
     # One row per epoch: epoch (1-based), step, and what on_epoch_end returned.
     epochs: list[dict[str, Any]]
@@ -217,7 +218,7 @@ class TrainingSetup:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.cfg.precision):
-            loss = self.step_loss(self.ddp_model, to_device(batch, self.device))
+            loss = loss_terms(self.step_loss(self.ddp_model, to_device(batch, self.device)))["loss"]
         value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
         if not math.isfinite(value):
             newest = checkpointer.newest()
@@ -233,16 +234,17 @@ class TrainingSetup:
 
     def eval_losses(
         self, model: nn.Module, loaders: dict[str, Any], num_batches: int | None
-    ) -> dict[str, float]:
-        """Mean loss of `num_batches` batches of each loader in eval mode (no dropout), at the training precision.
+    ) -> dict[str, dict[str, float]]:
+        """Mean loss (and the loss function's other terms) of `num_batches` batches of each loader.
 
-        One autocast block for all of them, so bf16 casts the weights once.
+        In eval mode (no dropout), at the training precision; one autocast block for all
+        of them, so bf16 casts the weights once.
         """
         was_training = model.training
         model.eval()
         with autocast(self.device, self.cfg.precision):
             losses = {
-                name: average_loss(model, loader, self.loss_fn, num_batches)
+                name: average_terms(model, loader, self.loss_fn, num_batches)
                 for name, loader in loaders.items()
             }
         model.train(was_training)
@@ -301,7 +303,7 @@ def _checkpointer(
         model,
         run.optimizer,
         dataclasses.asdict(run.cfg),
-        lambda m: run.eval_losses(m, {"probe": [probe]}, None)["probe"],
+        lambda m: run.eval_losses(m, {"probe": [probe]}, None)["probe"]["loss"],
         keep=keep,
         world=run.world,
         device=run.device,
@@ -321,9 +323,16 @@ def _resume(checkpointer: Checkpointer, order: DataOrder, tracker: Tracker, cfg:
 
 
 def _eval_losses(model: nn.Module, run: TrainingSetup, order: DataOrder) -> dict[str, float]:
-    """The book's evaluation: mean losses of `eval_iter` batches of each split (averaged over ranks)."""
-    losses = run.eval_losses(model, {"train": order.train_eval, "val": order.val_eval}, order.eval_batches)
-    return {f"{split}_loss": distributed.all_mean(loss) for split, loss in losses.items()}
+    """The book's evaluation: mean losses of `eval_iter` batches of each split (averaged over ranks).
+
+    `{split}_loss`, and `{split}_{term}` for the loss function's other terms (DPO's rewards).
+    """
+    terms = run.eval_losses(model, {"train": order.train_eval, "val": order.val_eval}, order.eval_batches)
+    return {
+        f"{split}_{term}": distributed.all_mean(value)
+        for split, values in terms.items()
+        for term, value in values.items()
+    }
 
 
 def _logged(rows: list[dict[str, float]], cfg: TrainConfig) -> list[dict[str, float]]:

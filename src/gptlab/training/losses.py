@@ -2,7 +2,10 @@
 
 `next_token_loss` is the book's `calc_loss_batch` (chapters 5 and 7) and
 `average_loss` its `calc_loss_loader`. The classification loss of chapter 6
-lives beside the classifier; all of them plug into `gptlab.training.loop.fit`.
+lives beside the classifier, the DPO loss of the chapter 7 bonus beside its
+task; all of them plug into `gptlab.training.loop.fit`. A loss function returns
+the loss, or a mapping with the loss under "loss" and figures the evaluations
+average beside it (DPO's rewards): `average_terms`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from gptlab.training.runtime import Precision, autocast, ordered_loader, to_devi
 
 IGNORE_INDEX = -100
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[nn.Module, Any], torch.Tensor | Mapping[str, torch.Tensor]]
+
+
+def loss_terms(output: torch.Tensor | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """A loss function's output as named terms: {"loss": ...} for a bare loss."""
+    return output if isinstance(output, Mapping) else {"loss": output}
 
 
 def next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -34,24 +42,34 @@ def next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) 
 
 
 @torch.inference_mode()
-def average_loss(
+def average_terms(
     model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_batches: int | None = None
-) -> float:
-    """Mean of `loss_fn` over the first `num_batches` batches (all when None); nan for no batches.
+) -> dict[str, float]:
+    """Mean of each of `loss_fn`'s terms over the first `num_batches` batches (all when None).
 
-    Like the book's calc_loss_loader it averages per-batch means, and it leaves
-    the model's train/eval mode to the caller. Batches go to the model's device.
+    Like the book's calc_loss_loader (and the DPO notebook's compute_dpo_loss_loader) it
+    averages per-batch means, and it leaves the model's train/eval mode to the caller.
+    Batches go to the model's device. No batches: {"loss": nan}.
     """
     if isinstance(loader, Sized) and len(loader) == 0:
-        return math.nan  # as the book: an empty loader is not even iterated (no RNG draw)
+        return {"loss": math.nan}  # as the book: an empty loader is not even iterated (no RNG draw)
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    totals: dict[str, float] = {}
+    count = 0
     for batch in loader:
         if num_batches is not None and count >= num_batches:
             break
-        total += loss_fn(model, to_device(batch, device)).item()
+        for name, value in loss_terms(loss_fn(model, to_device(batch, device))).items():
+            totals[name] = totals.get(name, 0.0) + value.item()
         count += 1
-    return total / count if count else math.nan
+    return {name: total / count for name, total in totals.items()} if count else {"loss": math.nan}
+
+
+def average_loss(
+    model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_batches: int | None = None
+) -> float:
+    """Mean loss over the first `num_batches` batches (all when None); nan for no batches (`average_terms`)."""
+    return average_terms(model, loader, loss_fn, num_batches)["loss"]
 
 
 def dataset_loss(
