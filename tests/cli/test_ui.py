@@ -37,7 +37,10 @@ def test_the_url_opens_the_experiments_runs_in_the_model_training_view(
     )
     assert capsys.readouterr().out.strip().endswith(url)
     tags = run.client.get_experiment(experiment_id).tags
-    assert "metrics.`final/val_loss`" in json.loads(tags["mlflow.sharedViewState.gptlab"])["selectedColumns"]
+    assert (
+        "metrics.`pretrain/final_val_loss`"
+        in json.loads(tags["mlflow.sharedViewState.gptlab"])["selectedColumns"]
+    )
 
 
 def test_a_busy_port_is_one_line_naming_port_and_starts_nothing(
