@@ -253,7 +253,7 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["gptlab.role"] == "pipeline" and parent.info.status == "FINISHED"
     assert parent.data.metrics["spam/test_accuracy"] == pytest.approx(metrics["test"]["accuracy"])
-    assert "spam/loss.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "spam")}
+    assert "spam_loss.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     logged = json.loads(
         Path(client.download_artifacts(run_id, "spam/confusion_matrix_test.json")).read_text()
     )

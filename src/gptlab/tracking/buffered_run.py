@@ -240,9 +240,14 @@ class StageRun:
 
     @_live
     def log_figure(self, figure: Any, artifact_file: str, *, pipeline: bool = False) -> None:
-        """A figure of the run; with `pipeline`, of the pipeline run's too (the loss figures)."""
-        for run_id in filter(None, (self.run_id, self.parent_id if pipeline else None)):
-            self.client.log_figure(run_id, figure, artifact_file)
+        """A figure of the run; with `pipeline`, of the pipeline run's too (the loss figures).
+
+        The pipeline run's copy lies at the top of its artifacts (`pretrain/loss.png` as
+        `pretrain_loss.png`): MLflow's compare view shows the files that runs share there only.
+        """
+        self.client.log_figure(self.run_id, figure, artifact_file)
+        if pipeline and self.parent_id is not None:
+            self.client.log_figure(self.parent_id, figure, artifact_file.replace("/", "_"))
 
     @_live
     def log_table(self, data: Any, artifact_file: str) -> None:
