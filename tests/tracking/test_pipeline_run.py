@@ -163,3 +163,18 @@ def test_changed_params_is_empty_outside_git(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "params.yaml").write_text("a: 1\n")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert changed_params() == {}
+
+
+def test_a_param_written_two_ways_by_two_stages_keeps_the_first(
+    checkout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "twice-1")
+    with stage_run("pretrain", "exp-twice", {"pretrain.train.lr": 1.0}):
+        pass
+    with stage_run("eval", "exp-twice", {"pretrain.train.lr": 1}):  # MLflow refuses to change a param
+        pass
+    client = MlflowClient(tracking_uri())
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("exp-twice").experiment_id], "tags.`gptlab.role` = 'pipeline'"
+    )
+    assert parent.data.params == {"pretrain.train.lr": "1.0"} and parent.info.status == "FINISHED"

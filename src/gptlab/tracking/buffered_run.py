@@ -202,13 +202,18 @@ class StageRun:
 
     @_live
     def log_pipeline_params(self, params: Mapping[str, Any]) -> None:
-        """Params of the pipeline run's MLflow run (those differing from the committed params.yaml)."""
+        """Params of the pipeline run's MLflow run (those differing from the committed params.yaml).
+
+        A param an earlier stage logged there stays as it is: MLflow refuses to change one, and a
+        value written another way (`1` and `1.0`) is the same value.
+        """
         # mlflow on first use: see store.imported_mlflow
         from mlflow.entities import Param
 
         if self.parent_id is None:
             return
-        entries = [Param(k, _param_value(v)) for k, v in params.items()]
+        logged = self.client.get_run(self.parent_id).data.params
+        entries = [Param(k, _param_value(v)) for k, v in params.items() if k not in logged]
         for i in range(0, len(entries), _MAX_PARAMS):
             self.client.log_batch(self.parent_id, params=entries[i : i + _MAX_PARAMS])
 
