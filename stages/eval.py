@@ -4,9 +4,8 @@ Rebuilds the model from models/pretrain/ alone (its own config, not the
 pretrain params), scores every window of The Verdict's train and validation
 splits (windows and stride = the model's context length), and generates the
 samples of params `eval.samples`. Writes reports/eval/metrics.json and
-reports/eval/samples.json; the MLflow run logs train_loss, val_loss,
-train_perplexity and val_perplexity, the names load-gpt2 uses for OpenAI's
-model, so the two sit side by side in the UI.
+reports/eval/samples.json; the MLflow run (and its pipeline run's) logs them as
+eval/train_loss, eval/val_loss, eval/train_perplexity and eval/val_perplexity.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
-from gptlab.tracking.buffered_run import section
 from gptlab.tracking.runs import stage_run
 from gptlab.training.losses import split_losses
 from gptlab.training.runtime import resolve_device
@@ -68,7 +66,7 @@ def run(params: Params) -> None:
             print(f"{name}: {sample['text']!r}")
         write_json(REPORT_DIR / "metrics.json", metrics)
         write_json(REPORT_DIR / "samples.json", samples)
-        tracker.log_metrics(section("eval", metrics))
+        tracker.log_headline(metrics)
         tracker.log_dict(samples, "eval/samples.json")
         for name, sample in samples.items():
             tracker.log_text(sample["text"], f"eval/samples/{name}.txt")

@@ -93,7 +93,7 @@ def run(params: Params) -> None:
         if adds_lora(cfg.trainable):
             torch.manual_seed(cfg.train.seed)  # A's draws, reproducible
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
-        trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
+        trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora, base_metadata)
         torch.manual_seed(cfg.train.seed)  # the book seeds just before training (chapter 7)
         loss_fn = language_model_loss(cfg.train.loss_kernel)
         result = stage.fit(model, datasets["train"], datasets["val"], cfg.train, loss_fn, collate_fn=collate)

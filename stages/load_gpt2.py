@@ -51,7 +51,6 @@ from gptlab.pipeline.base_models import (
 )
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
-from gptlab.tracking.buffered_run import section
 from gptlab.tracking.runs import stage_run
 from gptlab.training.runtime import resolve_device
 
@@ -108,7 +107,7 @@ def run(params: Params) -> None:
             model, _ = load_model(GPT2_MODELS / name, device)  # checked as the fine-tunes will read it
             report[name] = verdict_losses(model, params, pretrained.windows, name)
             samples[name] = generate_text(model, tokenizer, cfg.sample)
-            tracker.log_metrics(section("eval", report[name]))
+            tracker.log_headline({name: report[name]})  # load-gpt2/<name>_val_loss ...
             tracker.log_text(samples[name], "load-gpt2/sample.txt")
             tracker.log_dict(
                 {"model": model.cfg.to_dict(), "metadata": metadata}, "load-gpt2/base_model.json"

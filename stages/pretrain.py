@@ -31,7 +31,6 @@ from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
 from gptlab.schema import flatten
-from gptlab.tracking.buffered_run import section
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import require_one_batch
@@ -74,7 +73,7 @@ def run(params: Params) -> None:
         initial = split_losses(model, data, cfg.train, loss_fn)
         clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
-        stage.tracker.log_metrics(section("initial", initial), step=0)
+        stage.tracker.log_values(initial, "initial", step=0)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, str]:
             text = generate_text(trained, tokenizer, cfg.sample)

@@ -56,7 +56,7 @@ from gptlab.tasks.classifier import (
 from gptlab.tasks.config import SpamConfig
 from gptlab.tasks.fine_tune import adds_lora, base_language_model
 from gptlab.tasks.frozen_trunk import FrozenTrunk, spam_trunk
-from gptlab.tracking.buffered_run import StageRun, section
+from gptlab.tracking.buffered_run import StageRun
 from gptlab.training.loop import require_one_batch
 from gptlab.training.resume import RUNS_DIR
 from gptlab.training.runtime import resolve_device
@@ -81,13 +81,14 @@ def run(params: Params) -> None:
         # As the book prints before training: accuracy of the fresh head, seeded as the book seeds it.
         torch.manual_seed(cfg.train.seed)
         initial = accuracies(trunk.view(model), SPLITS, cfg.initial_eval_batches)
-        stage.tracker.log_metrics(section("initial", initial), step=0)
+        stage.tracker.log_values(initial, "initial", step=0)
         print("before training: " + percentages(initial))
         if adds_lora(cfg.trainable):
             # Appendix E's order: the accuracies above, then the model frozen and every linear layer
             # wrapped; A is drawn from the RNG as it stands after them (B is zero: same accuracies).
             add_lora(model, cfg.lora.rank, cfg.lora.alpha)
-        trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora)
+        base = {"source": "random"} if cfg.base_weights == "random" else base_metadata
+        trainable = stage.report_trainable(model, cfg.base_model, cfg.trainable, cfg.lora, base)
 
         def on_epoch_end(epoch: int, trained: nn.Module) -> dict[str, float]:
             scores = accuracies(trunk.view(trained), ("train", "val"))

@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from gptlab.cli.main import main
-from gptlab.cli.ui_server import serve
+from gptlab.cli.ui_server import Readiness, serve
 from gptlab.environment import VERBOSE_ENV
+from gptlab.errors import GptlabError
 from gptlab.tracking.runs import stage_run
 
 
@@ -37,7 +38,10 @@ def test_the_url_opens_the_experiments_runs_in_the_model_training_view(
     )
     assert capsys.readouterr().out.strip().endswith(url)
     tags = run.client.get_experiment(experiment_id).tags
-    assert "metrics.`final/val_loss`" in json.loads(tags["mlflow.sharedViewState.gptlab"])["selectedColumns"]
+    assert (
+        "metrics.`pretrain/final_val_loss`"
+        in json.loads(tags["mlflow.sharedViewState.gptlab"])["selectedColumns"]
+    )
 
 
 def test_a_busy_port_is_one_line_naming_port_and_starts_nothing(
@@ -67,6 +71,61 @@ def test_the_server_starts_no_job_runner_unless_the_user_asks_verbose_or_not(
     assert capfd.readouterr().out.strip() == (chosen or "false")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# A server that starts listening after a second, answers one request, and exits.
+ANSWERS_ONCE = """
+import http.server, sys, time
+time.sleep(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"OK")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).handle_request()
+"""
+
+
+def test_the_url_is_printed_once_the_server_answers_after_a_line_saying_it_starts(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    port = free_port()
+    readiness = Readiness(f"http://127.0.0.1:{port}/health", "starting ...", "MLflow UI: <url>", timeout_s=60)
+    assert serve([sys.executable, "-c", ANSWERS_ONCE, str(port)], readiness=readiness) == 0
+    # It served one request, the readiness probe's: the URL came after the server had answered.
+    assert capfd.readouterr().out == "starting ...\nMLflow UI: <url>\n"
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ("import time; time.sleep(60)", "did not answer at {probe} within 1 s, so it was stopped"),
+        ("import sys; sys.exit(3)", "exited (code 3) before answering at {probe}"),
+    ],
+)
+def test_a_server_that_does_not_come_up_is_one_line_and_leaves_nothing_running(
+    server: str, said: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    probe = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(GptlabError) as failed:
+        serve(
+            [sys.executable, "-c", server], readiness=Readiness(probe, "starting ...", "never", timeout_s=1)
+        )
+    assert str(failed.value) == str(failed.value).strip() and "\n" not in str(failed.value)
+    assert said.format(probe=probe) in str(failed.value)
+    assert time.monotonic() - started < 30 and not descendants(os.getpid())
+    assert capfd.readouterr().out == "starting ...\n"  # no URL of a server that is not there
+
+
+def test_a_timeout_of_no_seconds_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["ui", "--timeout", "0"])
+    assert refused.value.code == 2 and "--timeout" in capsys.readouterr().err
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
@@ -93,17 +152,12 @@ def test_it_serves_the_projects_store_quietly_and_a_signal_stops_every_process(
     )
     workers: list[psutil.Process] = []
     try:
+        # One line while it starts; the URL once the server answers, so the first request gets the UI.
+        assert server.stdout.readline().startswith(f"starting the MLflow UI on http://127.0.0.1:{port} ")
         assert f"/#/experiments/{experiment_id}/runs" in server.stdout.readline()
         api = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get?experiment_id={experiment_id}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(api, timeout=5) as answer:
-                    experiment = json.load(answer)["experiment"]
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "the UI did not come up"
-                time.sleep(0.5)
+        with urllib.request.urlopen(api, timeout=30) as answer:
+            experiment = json.load(answer)["experiment"]
         assert experiment["name"] == "exp-ui"
         tags = {tag["key"]: tag["value"] for tag in experiment["tags"]}
         assert tags["mlflow.experimentKind"] == "custom_model_development"

@@ -723,8 +723,16 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     # MLflow: one run per variant, tagged with the sweep, named after the variant.
     client = mlflow.MlflowClient(tracking_uri=isolated_tools)
     experiment = client.get_experiment_by_name("gptlab-sweep-test")
-    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.sweep` = 'check'")
+    tagged = client.search_runs([experiment.experiment_id], filter_string="tags.`gptlab.sweep` = 'check'")
+    runs = [r for r in tagged if "gptlab.stage" in r.data.tags]
     assert sorted(r.data.tags["gptlab.sweep_variant"] for r in runs) == sorted(VARIANTS)
+    # Each variant is a pipeline run of its own, its stage's run nested under it.
+    parents = {r.info.run_id: r for r in tagged if r.data.tags.get("gptlab.role") == "pipeline"}
+    for run in runs:
+        parent = parents[run.data.tags["mlflow.parentRunId"]]
+        variant = run.data.tags["gptlab.sweep_variant"]
+        assert parent.info.run_name == f"pipeline · {variant}" and "spam/test_accuracy" in parent.data.metrics
+    assert len(parents) == len(VARIANTS)
     assert {r.info.run_name for r in runs} == {f"spam-finetune · {v}" for v in VARIANTS}
     assert {r.info.status for r in runs} == {"FINISHED"}
     by_variant = {r.data.tags["gptlab.sweep_variant"]: r for r in runs}

@@ -29,10 +29,14 @@ def snapshot(project: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def pipeline_runs(uri: str, experiment_name: str = "gptlab") -> list[mlflow.entities.Run]:
+def pipeline_runs(
+    uri: str, experiment_name: str = "gptlab", role: str = "stage"
+) -> list[mlflow.entities.Run]:
+    """The stages' runs of the experiment (role `pipeline`: the pipeline runs' own)."""
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(experiment_name)
-    return client.search_runs([experiment.experiment_id]) if experiment else []
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    return [r for r in runs if r.data.tags.get("gptlab.role", "stage") == role]
 
 
 @pytest.mark.slow
@@ -80,6 +84,9 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     assert sorted(r.info.run_name for r in runs) == sorted(STAGES)
     assert {r.info.status for r in runs} == {"FINISHED"}
     assert len({r.data.tags["gptlab.pipeline_run"] for r in runs}) == 1, "one dvc repro, one pipeline id"
+    (parent,) = pipeline_runs(isolated_tools, role="pipeline")  # one MLflow run for the dvc repro
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert (parent.info.run_name, parent.info.status) == ("pipeline", "FINISHED")
 
     before = snapshot(project)
     second = dvc(project, "repro", *STAGES, env=env)

@@ -192,8 +192,8 @@ def test_stage_end_to_end_with_judge_then_resumed_without(
     # MLflow: a finished run with the metrics, the answer table, the reports and the checkpoint.
     (mlflow_run,) = stage_runs("gptlab")
     assert mlflow_run.info.status == "FINISHED"
-    assert mlflow_run.data.metrics["final/rougeL_f1"] == pytest.approx(metrics["rougeL_f1"])
-    assert mlflow_run.data.metrics["final/judge.mean"] == pytest.approx(metrics["judge"]["mean"])
+    assert mlflow_run.data.metrics["instruct/rougeL_f1"] == pytest.approx(metrics["rougeL_f1"])
+    assert mlflow_run.data.metrics["instruct/judge_mean"] == pytest.approx(metrics["judge"]["mean"])
     assert mlflow_run.data.params["instruct.base_model"] == "gpt2-medium"
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     artifacts = {

@@ -159,7 +159,7 @@ def test_huggingface_source_end_to_end(hf_mirror: dict[str, GPT2LMHeadModel]) ->
     for r in runs:
         name = r.data.tags["gptlab.base_model"]
         assert r.info.run_name == f"load-gpt2 · {name}" and r.info.status == "FINISHED"
-        assert r.data.metrics["eval/val_loss"] == pytest.approx(report[name]["val_loss"])
+        assert r.data.metrics[f"load-gpt2/{name}_val_loss"] == pytest.approx(report[name]["val_loss"])
         # Each run is tagged with the weights it wrote; OpenAI's weights are its described source.
         assert r.data.tags["gptlab.checkpoint_sha256"] == sha256_file(
             Path("models/gpt2") / name / WEIGHTS_FILE

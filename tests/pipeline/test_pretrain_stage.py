@@ -181,17 +181,17 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert resumed_run.data.tags["gptlab.resumed_from_step"].isdigit()
     assert "gptlab.resumed_from_step" not in rerun.data.tags
     assert rerun.data.params["pretrain.model.emb_dim"] == "32"
-    history = client.get_metric_history(rerun.info.run_id, "curves/val_loss")
+    history = client.get_metric_history(rerun.info.run_id, "pretrain/curves/val_loss")
     assert [m.step for m in history] == losses["step"].tolist()
     assert [m.value for m in history] == pytest.approx(losses["val_loss"].tolist())
-    assert "final/val_perplexity" in rerun.data.metrics
+    assert "pretrain/final_val_perplexity" in rerun.data.metrics
     assert (
         float(rerun.data.tags["gptlab.wall_seconds"]) > 0
         and float(rerun.data.tags["gptlab.tokens_per_second"]) > 0
     )
-    # The UI's first chart section is the curves; the epoch counter and time are no metrics.
-    curves = {m for m in rerun.data.metrics if m.startswith("curves/")}
-    assert curves == {"curves/train_loss", "curves/val_loss", "curves/tokens_seen"}
+    # The curves under the stage's prefix; the epoch counter and time are no metrics.
+    curves = {m for m in rerun.data.metrics if m.startswith("pretrain/curves/")}
+    assert curves == {f"pretrain/curves/{m}" for m in ("train_loss", "val_loss", "tokens_seen")}
     assert all("/" in m for m in rerun.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rerun.info.run_id, "pretrain")}
     assert {
@@ -206,8 +206,8 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
     assert rerun.data.tags["gptlab.model_uri"] == f"models:/{model_output.model_id}"
     assert client.search_model_versions("name = 'gptlab-pretrain'")
     # The initial losses once, at step 0; the final figures at the last step.
-    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "initial/val_loss")] == [0]
-    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "final/val_loss")] == [23]
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "pretrain/initial_val_loss")] == [0]
+    assert [m.step for m in client.get_metric_history(rerun.info.run_id, "pretrain/final_val_loss")] == [23]
     assert rerun.data.tags["gptlab.steps"] == "24"
     assert rerun.data.tags["gptlab.checkpoint_sha256"] == sha256_file(
         project / "models/pretrain" / WEIGHTS_FILE

@@ -72,7 +72,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
     )
     torch.manual_seed(0)
     base = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
-    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+    # As load-gpt2 writes it with `gpt2.source: pretrain` (the smoke profile): our own model, named gpt2-small.
+    pretrained = {"source": "pretrain", "checkpoint": "models/pretrain"}
+    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", pretrained)
 
     store = tmp_path_factory.mktemp("mlflow")
     env = {
@@ -187,25 +189,26 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     run = next(r for r in runs if r.info.run_name == "spam-finetune")
     metrics = json.loads((project / "reports" / "spam" / "metrics.json").read_text())
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["final/test.accuracy"] == pytest.approx(metrics["test"]["accuracy"])
-    assert run.data.metrics["final/test.f1"] == pytest.approx(metrics["test"]["f1"])
+    assert run.data.metrics["spam/test_accuracy"] == pytest.approx(metrics["test"]["accuracy"])
+    assert run.data.metrics["spam/test_f1"] == pytest.approx(metrics["test"]["f1"])
     assert run.data.params["spam.trainable"] == "all"
     run_id = run.info.run_id
-    assert len(client.get_metric_history(run_id, "curves/val_accuracy")) == EPOCHS
-    assert len(client.get_metric_history(run_id, "curves/train_loss")) == len(
+    assert len(client.get_metric_history(run_id, "spam/curves/val_accuracy")) == EPOCHS
+    assert len(client.get_metric_history(run_id, "spam/curves/train_loss")) == len(
         pd.read_csv(project / "reports/spam/losses.csv")
     )
     counted = json.loads((project / "reports" / "spam" / "counts.json").read_text())
     # Final scores at the last step, the fresh head's once at step 0.
     last_step = counted["steps"] - 1
-    assert [m.step for m in client.get_metric_history(run_id, "final/test.accuracy")] == [last_step]
-    assert [m.step for m in client.get_metric_history(run_id, "initial/train_accuracy")] == [0]
-    # The UI's chart sections, sorted by name: the curves come first, then the single values.
+    assert [m.step for m in client.get_metric_history(run_id, "spam/test_accuracy")] == [last_step]
+    assert [m.step for m in client.get_metric_history(run_id, "spam/initial_train_accuracy")] == [0]
+    # Every metric under the stage's prefix (no chart of the UI mixes stages), system use apart.
     sections = sorted({name.split("/")[0] for name in run.data.metrics if "/" in name})
-    assert sections == ["curves", "final", "initial", "system"] and all("/" in m for m in run.data.metrics)
-    curves = {name for name in run.data.metrics if name.startswith("curves/")}
+    assert sections == ["spam", "system"] and all("/" in m for m in run.data.metrics)
+    curves = {name for name in run.data.metrics if name.startswith("spam/curves/")}
     assert curves == {
-        f"curves/{m}" for m in ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "examples_seen")
+        f"spam/curves/{m}"
+        for m in ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "examples_seen")
     }
     assert all(len(client.get_metric_history(run_id, name)) > 1 for name in curves)
     assert float(run.data.tags["gptlab.wall_seconds"]) > 0 and "wall_seconds" not in run.data.metrics
@@ -223,7 +226,7 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
         "spam/confusion_matrix.png",
         "spam/loss.png",
     ]
-    assert "curves/lr" not in run.data.metrics and run.data.params["spam.train.lr"] == "0.01"
+    assert "spam/curves/lr" not in run.data.metrics and run.data.params["spam.train.lr"] == "0.01"
     # Standard MLflow tags, system metrics, the data it read, and where its base model came from.
     assert run.data.tags["mlflow.source.name"].endswith("spam_finetune.py") and run.data.tags["mlflow.user"]
     assert any(name.startswith("system/") for name in run.data.metrics)
@@ -242,6 +245,15 @@ def test_mlflow_run_holds_metrics_curves_confusion_matrix_and_model(
     assert not any(path.startswith("spam/model") for path in artifacts)
     (version,) = client.search_model_versions("name = 'gptlab-spam'")
     assert version.run_id == run_id and run.data.tags["gptlab.registered_model"] == "gptlab-spam/1"
+    # The base model named as what it is: this pipeline's own tiny model, not OpenAI's gpt2-small.
+    base = "gpt2-small (this pipeline's pretrain checkpoint models/pretrain: 2 layers, 32-dim embeddings"
+    assert run.data.tags["gptlab.base_model"].startswith(base)
+    assert f"Base model: {base}" in version.description
+    # Nested under its pipeline run (the one `dvc repro`), which holds its headline figures and loss figure.
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["gptlab.role"] == "pipeline" and parent.info.status == "FINISHED"
+    assert parent.data.metrics["spam/test_accuracy"] == pytest.approx(metrics["test"]["accuracy"])
+    assert "spam_loss.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     logged = json.loads(
         Path(client.download_artifacts(run_id, "spam/confusion_matrix_test.json")).read_text()
     )
@@ -405,7 +417,9 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
     )
     torch.manual_seed(0)
     base = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, qkv_bias=True)
-    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", {"source": "test"})
+    # As load-gpt2 writes it with `gpt2.source: pretrain` (the smoke profile): our own model, named gpt2-small.
+    pretrained = {"source": "pretrain", "checkpoint": "models/pretrain"}
+    save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", pretrained)
     with torch.device("meta"):
         expected = make_classifier(build_gpt(base), 2, trainable="lora", trainable_blocks=1, seed=0)
         expected = count_trainable(add_lora(expected, 4, 8))

@@ -73,7 +73,14 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     client = MlflowClient(tracking_uri())
     experiment = client.get_experiment_by_name("gptlab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"pretrain", "load-gpt2 · gpt2-small", "instruct-finetune"}
+    assert set(runs) == {"pipeline", "pretrain", "load-gpt2 · gpt2-small", "instruct-finetune"}
+    # One pipeline run: every stage's run nested under it, which holds each stage's headline figures.
+    parent = runs.pop("pipeline")
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
+    headline = {name.split("/")[0] for name in parent.data.metrics}
+    assert headline == {"pretrain", "load-gpt2", "instruct"} and "instruct/rougeL_f1" in parent.data.metrics
+    figures = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert figures == {"pretrain_loss.png", "instruct_loss.png"}
     # Each run is tagged with the weights it wrote (the checkpoints themselves name no run).
     for run_name, checkpoint in (
         ("pretrain", "models/pretrain"),

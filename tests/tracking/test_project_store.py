@@ -74,7 +74,7 @@ def test_a_dvc_experiment_in_the_smoke_workspace_lands_in_the_projects_store(
     assert not (workspace / "mlflow.db").exists()
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("gptlab")
-    (run,) = client.search_runs([experiment.experiment_id])
+    (run,) = client.search_runs([experiment.experiment_id], "tags.`gptlab.stage` = 'download'")
     assert run.data.tags["gptlab.stage"] == "download" and run.data.tags["gptlab.dvc_exp"] == "my-try"
     assert run.info.status == "FINISHED"
     assert Path(experiment.artifact_location.removeprefix("file://")) == project / "mlruns"

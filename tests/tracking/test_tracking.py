@@ -63,7 +63,8 @@ def test_stage_run_logs_params_tags_and_status(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(RuntimeError, match="boom"), stage_run("eval", "exp-a", {"eval.batch_size": 2}):
         raise RuntimeError("boom")
 
-    first, second = runs_of("exp-a")
+    parent, first, second = runs_of("exp-a")  # the pipeline run "repro-42", then its two stages
+    assert parent.data.tags["gptlab.role"] == "pipeline" and parent.info.status == "FAILED"
     # Named by stage and DVC experiment, so the compare view tells the runs of one stage apart.
     assert (first.info.run_name, first.info.status) == ("pretrain · tiny-lr", "FINISHED")
     assert (second.info.run_name, second.info.status) == ("eval · tiny-lr", "FAILED")
@@ -168,15 +169,15 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         full = train(run, cfg)
         first_id = run.run_id
     steps = [row["step"] for row in full.history]
-    history = client().get_metric_history(first_id, "curves/train_loss")
+    history = client().get_metric_history(first_id, "pretrain/curves/train_loss")
     assert [(m.step, m.value) for m in history] == [(row["step"], row["train_loss"]) for row in full.history]
-    assert [m.value for m in client().get_metric_history(first_id, "curves/tokens_seen")] == [
+    assert [m.value for m in client().get_metric_history(first_id, "pretrain/curves/tokens_seen")] == [
         row["tokens_seen"] for row in full.history
     ]
-    assert not client().get_metric_history(first_id, "curves/lr")  # constant: a param, no curve
-    assert [(m.step, m.value) for m in client().get_metric_history(first_id, "curves/epoch_score")] == [
-        (row["step"], row["epoch_score"]) for row in full.epochs
-    ]
+    assert not client().get_metric_history(first_id, "pretrain/curves/lr")  # constant: a param, no curve
+    assert [
+        (m.step, m.value) for m in client().get_metric_history(first_id, "pretrain/curves/epoch_score")
+    ] == [(row["step"], row["epoch_score"]) for row in full.epochs]
     assert "note" not in client().get_run(first_id).data.metrics
 
     # A finished run's checkpoint is still there: a new stage execution "resumes" at the end and
@@ -186,7 +187,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
         second_id = run.run_id
     assert resumed.resumed_steps == full.steps and resumed.history == full.history
     assert client().get_run(second_id).data.tags["gptlab.resumed_from_step"] == str(full.steps)
-    assert [m.step for m in client().get_metric_history(second_id, "curves/val_loss")] == steps
+    assert [m.step for m in client().get_metric_history(second_id, "pretrain/curves/val_loss")] == steps
 
     # A warm-up and a schedule vary the lr: then it is a curve.
     scheduled = dataclasses.replace(cfg, warmup_steps=2, lr_schedule="cosine", min_lr=1e-4)
@@ -202,7 +203,7 @@ def test_fit_logs_its_metric_history_and_relogs_it_after_a_resume(tmp_path: Path
             run_dir=tmp_path / "scheduled",
             tracker=run,
         )
-    logged = [m.value for m in client().get_metric_history(run.run_id, "curves/lr")]
+    logged = [m.value for m in client().get_metric_history(run.run_id, "pretrain/curves/lr")]
     assert logged == pytest.approx([row["lr"] for row in varied.history]) and len(set(logged)) > 2
 
 

@@ -125,7 +125,7 @@ def test_a_server_killed_mid_training_and_back_before_its_end_gets_the_whole_run
     (run,) = runs_of(server.uri, "toy-back")
     assert run.info.status == "FINISHED"
     client = MlflowClient(tracking_uri=server.uri)
-    logged = client.get_metric_history(run.info.run_id, "curves/train_loss")
+    logged = client.get_metric_history(run.info.run_id, "toy-back/curves/train_loss")
     assert sorted(m.step for m in logged) == [int(row["step"]) for row in result.history]
     assert run.data.metrics["final/steps"] == 15
     assert list((tmp_path / ".gptlab" / "runs" / "toy-back").iterdir()) == []  # published: nothing to resume
@@ -157,7 +157,7 @@ def test_a_server_killed_mid_training_for_good_fails_the_stage_keeping_what_trai
     finished = [r for r in runs_of(server.uri, "toy-lost") if r.info.status == "FINISHED"]
     assert len(finished) == 1
     logged = MlflowClient(tracking_uri=server.uri).get_metric_history(
-        finished[0].info.run_id, "curves/train_loss"
+        finished[0].info.run_id, "toy-lost/curves/train_loss"
     )
     assert sorted(m.step for m in logged) == [int(row["step"]) for row in rerun.history]
 

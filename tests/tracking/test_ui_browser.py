@@ -1,14 +1,15 @@
 """The MLflow UI in a real browser (Debian's headless Chromium) on a store that real stage runs made:
-the runs open in model-training mode, named by stage and experiment, with the key columns and the figures.
+one row per pipeline run in model-training mode, its headline metrics first, its stages nested under
+it; charts by stage; two pipeline runs compared in one selection and one click.
 
-Two DVC experiments of the pretrain stage on a tiny GPT fill the store; `gptlab ui` serves it.
+Two DVC experiments (pretrain and eval, on a tiny GPT) fill the store; `gptlab ui` serves it.
 Set GPTLAB_UI_SCREENSHOTS to a folder to keep screenshots of the runs table and the compare view.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,7 +59,7 @@ def tiny_project(project: Path) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[tuple[str, str, str]]:
-    """(UI URL that `gptlab ui` prints, MLflow store URI, experiment id) after two pretrain experiments."""
+    """(UI URL that `gptlab ui` prints, MLflow store URI, experiment id) after two DVC experiments."""
     project = tmp_path_factory.mktemp("ui") / "project"
     tiny_project(project)
     store = f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
@@ -69,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Itera
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "OMP_NUM_THREADS": "1",
     }
-    dvc(project, "exp", "run", "--name", "lr-a", "pretrain", env=env, timeout=900)
+    dvc(project, "exp", "run", "--name", "lr-a", "eval", env=env, timeout=900)
     dvc(
         project,
         "exp",
@@ -78,7 +79,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Itera
         "lr-b",
         "-S",
         "pretrain.train.lr=0.001",
-        "pretrain",
+        "eval",
         env=env,
         timeout=900,
     )
@@ -95,9 +96,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Itera
         start_new_session=True,  # the server's workers too, to stop them all
     )
     try:
-        url = server.stdout.readline().split(": ", 1)[1].strip()
+        assert server.stdout.readline().startswith("starting the MLflow UI")
+        url = server.stdout.readline().split(": ", 1)[1].strip()  # printed once the server answers
         experiment_id = url.split("/experiments/")[1].split("/")[0]
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), "the MLflow UI did not come up")
+        assert _answers(f"http://127.0.0.1:{port}/health")
         yield url, store, experiment_id
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -166,36 +168,83 @@ def screenshot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
-def test_the_runs_table_opens_in_model_training_then_the_compare_view_and_a_runs_figure(
-    served, browser
-) -> None:
+def header_x(driver, name: str) -> int:
+    """Where the runs table's column `name` starts, left to right."""
+    return driver.find_element(
+        "xpath", f"//*[@role='columnheader']//*[normalize-space(text())='{name}']"
+    ).location["x"]
+
+
+def chart_sections(text: str) -> set[str]:
+    """The chart view's sections, each heading a line followed by its chart count `(4)`."""
+    lines = text.splitlines()
+    return {lines[i - 1] for i in range(1, len(lines)) if re.fullmatch(r"\(\d+\)", lines[i])}
+
+
+def click_text(driver, text: str, tag: str = "button") -> None:
+    driver.find_element("xpath", f"//{tag}[normalize-space(.)='{text}']").click()
+
+
+def test_one_row_per_pipeline_run_then_compare_and_charts_by_stage(served, browser) -> None:
     """One user's walk through the UI: one test, so that one worker fills the store (a minute) once."""
-    url, store, experiment_id = served
-    text = show(browser, url, "pretrain · lr-a", "pretrain · lr-b", "final/val_loss")
+    walk_through_the_ui(browser, *served)
+
+
+def walk_through_the_ui(browser, url: str, store: str, experiment_id: str) -> None:
+    client = mlflow.MlflowClient(tracking_uri=store)
+    runs = client.search_runs([experiment_id])
+    parents = {run.info.run_name: run for run in runs if run.data.tags.get("gptlab.role") == "pipeline"}
+    assert set(parents) == {"pipeline · lr-a", "pipeline · lr-b"}
+    stages = [run for run in runs if "gptlab.stage" in run.data.tags]
+    assert {run.data.tags["mlflow.parentRunId"] for run in stages} == {
+        p.info.run_id for p in parents.values()
+    }
+    # What tells lr-b from the committed run, on its pipeline run; DVC's -S values are no uncommitted code.
+    lr_b = parents["pipeline · lr-b"]
+    assert lr_b.data.params == {"pretrain.train.lr": "0.001"} and lr_b.data.tags["gptlab.dvc_exp"] == "lr-b"
+    assert {run.data.tags["gptlab.git_dirty"] for run in runs} == {"false"}
+    # No chart can mix stages: each stage's run logs under its own prefix only.
+    for run in stages:
+        prefix = run.data.tags["gptlab.stage"].removesuffix("-finetune") + "/"
+        assert all(name.startswith((prefix, "system/")) for name in run.data.metrics), run.data.metrics
+
+    # The default view: one row per pipeline run (its stages collapsed under it), headline metrics first.
+    text = show(browser, url, "pipeline · lr-a", "pipeline · lr-b", "pretrain/final_val_loss")
     screenshot(browser, "runs_table")
     # Model training's navigation (GenAI's would offer Overview, Evaluation, Prompts ...).
     assert "Runs" in text and "Model registry" in text and "Evaluation" not in text
-    # The view's columns that these runs have values for (the UI hides a metric no run logged).
-    for column in ("pretrain.train.lr", "final/val_loss"):
-        assert column in text, column
-    assert "0.001" in text and "0.005" in text  # each run's lr in its own row
+    assert "pretrain · lr-a" not in text and "0.001" in text and "0.005" in text  # each run's lr in its row
+    assert header_x(browser, "pretrain/final_val_loss") < header_x(browser, "pretrain.train.lr")
+    assert header_x(browser, "pretrain.train.lr") < header_x(browser, "Duration")
+    headers = {cell.text for cell in browser.find_elements("xpath", "//*[@role='columnheader']")}
+    assert not {"Dataset", "Source", "Models"} & headers, headers
 
-    # The compare view names each run; a run's artifacts show its figure.
-    client = mlflow.MlflowClient(tracking_uri=store)
-    runs = client.search_runs([experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'")
-    assert sorted(run.info.run_name for run in runs) == ["pretrain · lr-a", "pretrain · lr-b"]
-    assert len({run.data.tags["gptlab.pipeline_run"] for run in runs}) == 2
-    base = url.split("#/")[0]
-    ids = json.dumps([run.info.run_id for run in runs]).replace(" ", "")
-    compare = f"{base}#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}&workflowType=machine_learning"
-    show(browser, compare, "pretrain · lr-a", "pretrain · lr-b", "pretrain.train.lr")
+    # The chart view draws every run the table shows (MLflow's default: the first 10), in one section
+    # of charts per stage: a chart is one metric, and each metric is one stage's.
+    text = show(browser, f"{url}&compareRunsMode=CHART", "pipeline · lr-a", "eval/val_loss")
+    screenshot(browser, "charts")
+    assert chart_sections(text) >= {"eval", "pretrain"}
+    # Each pipeline run's "+" expands it: its stages' runs are drawn too, their curves in their stage's section.
+    for expander in browser.find_elements(
+        "xpath", "//*[contains(@data-component-id, 'runnamecellrenderer')]"
+    ):
+        expander.click()
+    wait_until(lambda: "pretrain/curves" in chart_sections(page_text(browser)), "no pretrain curve was drawn")
+    text = page_text(browser)
+    assert "pretrain · lr-a" in text and "eval · lr-b" in text
+    sections = chart_sections(text) - {"Model metrics", "System metrics"}
+    assert all(section.split("/")[0] in ("pretrain", "eval") for section in sections), sections
+
+    # Compare: one selection (the table's select-all box: the two pipeline runs), one click.
+    show(browser, url, "pipeline · lr-a", "pipeline · lr-b")
+    (select_all,) = [
+        box for box in browser.find_elements("css selector", ".ag-header-select-all") if box.is_displayed()
+    ]
+    select_all.click()
+    click_text(browser, "Compare")
+    text = show(browser, browser.current_url, "Comparing 2 Runs", "pipeline · lr-a", "pipeline · lr-b")
+    wait_until(lambda: "pretrain_loss.png" in page_text(browser), "the compare view showed no loss figure")
     screenshot(browser, "compare_view")
-
-    run = runs[0]
-    artifacts = (
-        f"{base}#/experiments/{experiment_id}/runs/{run.info.run_id}/artifacts?workflowType=machine_learning"
-    )
-    text = show(browser, artifacts, "pretrain")
-    browser.find_element("xpath", "//*[normalize-space(text())='pretrain']").click()
-    wait_until(lambda: "loss.png" in page_text(browser), "the run's artifacts never showed pretrain/loss.png")
-    assert "samples.txt" in page_text(browser), text
+    text = page_text(browser)
+    plotted = text.split("Metrics:", 1)[1].split("\n", 2)[1]  # the parallel-coordinates plot's metric
+    assert plotted.split("/")[0] in ("pretrain", "eval"), plotted

@@ -4,15 +4,16 @@ MLflow 3's UI keeps its *GenAI / Model training* switch per browser and starts a
 browser on GenAI, whose experiment page is an empty traces overview. The URL printed
 here carries `workflowType=machine_learning`, so it opens on the experiment's training
 runs whatever the browser used before, and gptlab's view of the runs table (its key
-params and headline metrics as columns: gptlab.tracking.ui). With MLFLOW_TRACKING_URI naming a server, that
-server's URL is printed and nothing is started.
+params and headline metrics as columns: gptlab.tracking.ui). The URL is printed once the server
+answers (gptlab.cli.ui_server). With MLFLOW_TRACKING_URI naming a server, that server's URL is
+printed and nothing is started.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.ui_server import check_port_free, serve, ui_command
+from gptlab.cli.ui_server import START_TIMEOUT_S, Readiness, check_port_free, local_url, serve, ui_command
 from gptlab.errors import InputError
 from gptlab.pipeline.params import load_params
 from gptlab.tracking.ui import runs_link, ui_link
@@ -27,6 +28,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     parser.add_argument("--port", type=int, default=5000, help="(default: %(default)s)")
     parser.add_argument("--print-url", action="store_true", help="print the URL only; start no server")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=START_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the server may take to answer before it is given up (default: %(default)g)",
+    )
+
+
+def _seconds(text: str) -> float:
+    """--timeout's value: seconds, more than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds more than 0, got {text!r}")
+    return seconds
 
 
 def experiment_url(base: str, experiment_id: str | None) -> str:
@@ -52,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     base = store if remote else f"http://{args.host}:{args.port}"
     url = experiment_url(base, found.experiment_id if found else None)
     missing = "" if found else f" (no experiment {name!r} yet: run a stage first)"
-    print(f"MLflow UI, experiment {name!r}{missing}: {masked_uri(url)}", flush=True)
+    line = f"MLflow UI, experiment {name!r}{missing}: {masked_uri(url)}"
     if remote or args.print_url:
+        print(line, flush=True)
         return 0
-    return serve(ui_command(store, args.host, args.port))
+    # The URL once the server answers: a click before that would find nothing there.
+    starting = f"starting the MLflow UI on {base} (up to {args.timeout:g} s) ..."
+    readiness = Readiness(f"{local_url(args.host, args.port)}/health", starting, line, args.timeout)
+    return serve(ui_command(store, args.host, args.port), readiness=readiness)

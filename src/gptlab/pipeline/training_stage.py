@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
 from torch.utils.data import Dataset
 
 from gptlab.files import write_csv, write_figure, write_json
 from gptlab.model.checkpoint import save_model
+from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPTModel
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.plots import plot_losses
 from gptlab.schema import flatten
 from gptlab.tasks.config import LoraConfig, Trainable
 from gptlab.tasks.fine_tune import adds_lora
-from gptlab.tracking.buffered_run import StageRun, section
+from gptlab.tracking.buffered_run import StageRun, stage_metrics
 from gptlab.tracking.registry import log_model
 from gptlab.tracking.runs import stage_run
 from gptlab.training.config import TrainConfig
@@ -101,11 +101,20 @@ class TrainingRun:
         )
 
     def report_trainable(
-        self, model: nn.Module, base_model: str, trainable: Trainable, lora: LoraConfig
+        self,
+        model: GPTModel,
+        base_model: str,
+        trainable: Trainable,
+        lora: LoraConfig,
+        base_metadata: Mapping[str, Any] | None = None,
     ) -> int:
-        """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone)."""
+        """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone).
+
+        The base model is tagged as what it is (`describe_base`), not by its folder's name alone.
+        """
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.tracker.set_tags({"gptlab.base_model": base_model, "gptlab.trainable_params": count})
+        base = describe_base(base_model, model.cfg, base_metadata or {})
+        self.tracker.set_tags({"gptlab.base_model": base, "gptlab.trainable_params": count})
         adapters = f" (LoRA rank {lora.rank}, alpha {lora.alpha:g})" if adds_lora(trainable) else ""
         print(
             f"{base_model}: {count:,} of {sum(p.numel() for p in model.parameters()):,} params train{adapters}"
@@ -126,7 +135,8 @@ class TrainingRun:
     ) -> None:
         """Write the checkpoint and the reports, and log both (and the loop's time) to MLflow.
 
-        The book's loss figure is logged as `<kind>/loss.png`. `skip` names report files the
+        The book's loss figure is logged as `<kind>/loss.png`, on the pipeline run's MLflow run
+        too, and the metrics as `<stage prefix>/<metrics.json name>` on both. `skip` names report files the
         stage logged itself (figures); `kind` and `model_defaults` are those of the registered
         model (gptlab.tracking.registry) and its params' defaults (gptlab.serving.specs).
         """
@@ -140,16 +150,10 @@ class TrainingRun:
             if reports.figure_file is not None:
                 write_figure(reports.folder / reports.figure_file, figure)
                 skip = (*skip, reports.figure_file)
-            self.tracker.log_figure(figure, f"{kind}/loss.png")
-        final = section(
-            "final",
-            {
-                k: v
-                for k, v in flatten(dict(reports.metrics)).items()
-                if not k.startswith("initial") and v is not None
-            },
-        )
-        self.tracker.log_metrics(final, step=result.global_step)
+            self.tracker.log_figure(figure, f"{kind}/loss.png", pipeline=True)
+        # The figures after training (those before it were logged at step 0), named as metrics.json names them.
+        final = {k: v for k, v in flatten(dict(reports.metrics)).items() if not k.startswith("initial")}
+        self.tracker.log_headline(final, step=result.global_step)
         self.tracker.set_tags({f"gptlab.{k}": v for k, v in reports.counts.items() if isinstance(v, int)})
         self.tracker.log_reports(reports.folder, f"{kind}/reports", skip=skip)
         # Time is no metric (it differs run to run, and is no curve): tags the sweep table reads, and a file.
@@ -166,7 +170,8 @@ class TrainingRun:
             f"{kind}/training_seconds.json",
         )
         if self.params.tracking.log_models:  # as the other logging: sent later while the server is lost
-            self.tracker.send(lambda: self.register_model(kind, model_dir, model_defaults, final))
+            headline = stage_metrics(self.tracker.prefix, final)
+            self.tracker.send(lambda: self.register_model(kind, model_dir, model_defaults, headline))
 
     def register_model(
         self, kind: str, model_dir: Path, defaults: Mapping[str, Any], headline: Mapping[str, float]
@@ -177,6 +182,27 @@ class TrainingRun:
 
         spec = model_spec(kind, model_dir, self.params.data.bpe_files(), defaults)
         log_model(self.tracker, kind, spec, experiment=self.params.tracking.experiment, headline=headline)
+
+
+def describe_base(name: str, cfg: ModelConfig, metadata: Mapping[str, Any]) -> str:
+    """What a fine-tune starts from, in words: OpenAI's GPT-2 or this pipeline's pretrain checkpoint, its size.
+
+    `gpt2-small (this pipeline's pretrain checkpoint models/pretrain: 2 layers, 64-dim embeddings, ...)`:
+    with `gpt2.source: pretrain` the folder models/gpt2/gpt2-small holds our own model, whatever its name says.
+    """
+    size = (
+        f"{cfg.n_layers} layers, {cfg.emb_dim}-dim embeddings, {cfg.n_heads} heads, "
+        f"context {cfg.context_length}"
+    )
+    if metadata.get("source") == "pretrain":
+        origin = f"this pipeline's pretrain checkpoint {metadata.get('checkpoint', 'models/pretrain')}"
+    elif metadata.get("source") == "random":
+        origin = "its architecture with freshly drawn weights"
+    elif metadata.get("source") == "huggingface":
+        origin = f"OpenAI's GPT-2 weights ({metadata.get('repo_id', name)})"
+    else:
+        origin = "a checkpoint"
+    return f"{name} ({origin}: {size})"
 
 
 def loss_figure(result: TrainResult) -> Figure:

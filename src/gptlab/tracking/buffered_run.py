@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
+from gptlab.schema import flatten
 from gptlab.tracking import lineage
 from gptlab.tracking.store import (
     TIMEOUT_ENV,
@@ -67,13 +68,25 @@ class StageRun:
 
     Without a run (client and run_id None: NULL_RUN, the tracker of a torchrun process
     other than rank 0) every method does nothing. While the server does not answer,
-    the calls are kept (`unsent`) and sent in order once it does.
+    the calls are kept (`unsent`) and sent in order once it does. Its metrics are named
+    under `prefix/` (`metric_prefix`); `parent_id` is the pipeline run's MLflow run it is
+    nested under (gptlab.tracking.pipeline_run), which gets its headline figures and loss figure.
     """
 
-    def __init__(self, client: MlflowClient | None, run_id: str | None, uri: str = "") -> None:
+    def __init__(
+        self,
+        client: MlflowClient | None,
+        run_id: str | None,
+        uri: str = "",
+        *,
+        prefix: str = "",
+        parent_id: str | None = None,
+    ) -> None:
         self.client = client
         self.run_id = run_id
         self.uri = uri
+        self.prefix = prefix
+        self.parent_id = parent_id
         self.unsent: list[Callable[[], object]] = []
         self.lost: str | None = None  # why the server stopped answering, while it does not
         self._next_try = 0.0
@@ -146,29 +159,63 @@ class StageRun:
 
     @_live
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Metrics under the names given (`log_values` names them by the stage)."""
+        self._log_batch(self.run_id, metrics, step)
+
+    @_live
+    def log_values(self, metrics: Mapping[str, Any], section: str = "", step: int | None = None) -> None:
+        """Single values (nested as in the stage's metrics.json) under the stage's names (`stage_metrics`)."""
+        self._log_batch(self.run_id, stage_metrics(self.prefix, metrics, section), step)
+
+    @_live
+    def log_headline(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """The stage's figures as its metrics.json holds them: on its run and on the pipeline run's."""
+        named = stage_metrics(self.prefix, metrics)
+        for run_id in filter(None, (self.run_id, self.parent_id)):
+            self._log_batch(run_id, named, step)
+
+    def _log_batch(self, run_id: str | None, metrics: Mapping[str, float], step: int | None) -> None:
         # mlflow on first use: see store.imported_mlflow
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         entries = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
         for i in range(0, len(entries), _MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
+            self.client.log_batch(run_id, metrics=entries[i : i + _MAX_METRICS])
 
     @_live
     def log_history(self, rows: list[Mapping[str, float]], step_key: str = "step") -> None:
-        """Log curves (train_loss, val_loss, lr ... per step) under curves/, in as few calls as possible."""
+        """Log curves (train_loss, val_loss, lr ... per step) under `<prefix>/curves/`, in as few calls as possible."""
         # mlflow on first use: see store.imported_mlflow
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        curves = f"{self.prefix}/{CURVES}" if self.prefix else CURVES
         entries = [
-            Metric(f"{CURVES}/{k}", float(v), now, int(row[step_key]))
+            Metric(f"{curves}/{k}", float(v), now, int(row[step_key]))
             for row in rows
             for k, v in row.items()
             if k != step_key and v is not None
         ]
         for i in range(0, len(entries), _MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=entries[i : i + _MAX_METRICS])
+
+    @_live
+    def log_pipeline_params(self, params: Mapping[str, Any]) -> None:
+        """Params of the pipeline run's MLflow run (those differing from the committed params.yaml).
+
+        A param an earlier stage logged there stays as it is: MLflow refuses to change one, and a
+        value written another way (`1` and `1.0`) is the same value.
+        """
+        # mlflow on first use: see store.imported_mlflow
+        from mlflow.entities import Param
+
+        if self.parent_id is None:
+            return
+        logged = self.client.get_run(self.parent_id).data.params
+        entries = [Param(k, _param_value(v)) for k, v in params.items() if k not in logged]
+        for i in range(0, len(entries), _MAX_PARAMS):
+            self.client.log_batch(self.parent_id, params=entries[i : i + _MAX_PARAMS])
 
     @_live
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -197,8 +244,15 @@ class StageRun:
         self.client.log_dict(self.run_id, data, artifact_file)
 
     @_live
-    def log_figure(self, figure: Any, artifact_file: str) -> None:
+    def log_figure(self, figure: Any, artifact_file: str, *, pipeline: bool = False) -> None:
+        """A figure of the run; with `pipeline`, of the pipeline run's too (the loss figures).
+
+        The pipeline run's copy lies at the top of its artifacts (`pretrain/loss.png` as
+        `pretrain_loss.png`): MLflow's compare view shows the files that runs share there only.
+        """
         self.client.log_figure(self.run_id, figure, artifact_file)
+        if pipeline and self.parent_id is not None:
+            self.client.log_figure(self.parent_id, figure, artifact_file.replace("/", "_"))
 
     @_live
     def log_table(self, data: Any, artifact_file: str) -> None:
@@ -259,12 +313,26 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= 6000 else text[:5997] + "..."
 
 
-# The MLflow UI draws each `/` prefix of a metric's name as a section of charts, sections sorted
-# by name and unprefixed metrics last: curves first, then the single values under eval/, final/,
-# initial/ (section), and system/ on its own tab.
+# The MLflow UI draws one chart per metric name, in sections by prefix, and system/ on its own tab.
+# Every metric of a stage is named under its prefix, so no chart mixes stages: its curves (every
+# point, by step) under `<prefix>/curves/`, its single values as `<prefix>/<name in metrics.json>`.
 CURVES = "curves"
 
 
-def section(name: str, metrics: Mapping[str, float]) -> dict[str, float]:
-    """`metrics` under `name/` (initial_val_loss -> initial/val_loss): one section of the UI's charts."""
-    return {f"{name}/{key.removeprefix(name + '_')}": value for key, value in metrics.items()}
+def metric_prefix(stage: str) -> str:
+    """A stage's metric names start with its reports folder's name: `spam` for spam-finetune."""
+    return stage.removesuffix("-finetune")
+
+
+def stage_metrics(prefix: str, metrics: Mapping[str, Any], section: str = "") -> dict[str, float]:
+    """`metrics` as MLflow names them: `{test: {accuracy: 0.9}}` -> `spam/test_accuracy`.
+
+    The names of the stage's metrics.json, flattened with `_`; a `section` (`initial`) leads
+    each name that lacks it. None (a loss of an empty split) is no metric.
+    """
+    lead = f"{section}_" if section else ""
+    return {
+        f"{prefix}/{key if key.startswith(lead) else lead + key}".replace(".", "_"): value
+        for key, value in flatten(dict(metrics)).items()
+        if value is not None
+    }

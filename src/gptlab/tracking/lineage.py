@@ -1,7 +1,9 @@
 """Provenance of an MLflow run: the code, params and pipeline it came from, what it read, what it wrote.
 
 A run's tags name its git commit (and dirty state), the `dvc repro` it belongs to,
-its host and pid, a hash of its params and the DVC experiment. The datasets it
+its host and pid, a hash of its params and the DVC experiment. The params that
+differ from the committed params.yaml are the pipeline run's own (`changed_params`):
+those DVC set for an experiment (`dvc exp run -S`) count as no uncommitted change. The datasets it
 read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
 its weights (as its manifest recorded it at save), by which a run that starts from
 that checkpoint finds (and links) the run that wrote it. The functions here build
@@ -20,15 +22,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from gptlab.environment import PIPELINE_RUN_ENV, SOURCE_COMMIT_ENV, SOURCE_DIRTY_ENV
+from gptlab.paths import REPORTS
+from gptlab.schema import flatten
 from gptlab.tracking.ui import ui_link
 
 if TYPE_CHECKING:  # mlflow is imported where it is used (tracking.store.imported_mlflow says why)
     from mlflow.entities import DatasetInput
     from mlflow.tracking import MlflowClient
 
-# The commit (and dirty flag) runs are tagged with when the code runs outside its own checkout,
-# e.g. `gptlab smoke` in its throwaway workspace: the project's real commit.
 # The tag naming the checkpoint a run wrote: the sha256 of its weights file.
 CHECKPOINT_TAG = "gptlab.checkpoint_sha256"
 
@@ -48,6 +52,8 @@ def run_tags(stage: str, params: Mapping[str, Any]) -> dict[str, str]:
     }
     if os.environ.get("DVC_EXP_NAME"):
         tags["gptlab.dvc_exp"] = os.environ["DVC_EXP_NAME"]
+    if os.environ.get("DVC_EXP_BASELINE_REV"):
+        tags["gptlab.dvc_baseline"] = os.environ["DVC_EXP_BASELINE_REV"]
     return tags
 
 
@@ -60,8 +66,10 @@ def pipeline_run_id() -> str:
 
     GPTLAB_PIPELINE_RUN wins when set (`gptlab smoke` and `gptlab run` set it: the DVC
     experiment's name and a random suffix). Otherwise the id is derived from the nearest
-    ancestor `dvc` process (its pid and start time), which spawns every stage of its run;
-    a stage run alone gets an id of its own.
+    ancestor `dvc` process (its pid and start time), which spawns every stage of its run,
+    and the DVC experiment's name (DVC_EXP_NAME) where there is one: each queued experiment
+    of a sweep runs in a `dvc exp exec-run` of its own. A stage run alone gets an id of its
+    own, starting `single-` (`alone`).
     """
     if os.environ.get(PIPELINE_RUN_ENV):
         return os.environ[PIPELINE_RUN_ENV]
@@ -73,18 +81,31 @@ def pipeline_run_id() -> str:
         except OSError:
             break
         if any(Path(part.decode(errors="replace")).name in _DVC_COMMANDS for part in cmdline[:3]):
-            return f"dvc-{pid}-{stat[19]}"  # field 22 of /proc/pid/stat: start time
+            experiment = os.environ.get("DVC_EXP_NAME")
+            name = f"{experiment}-" if experiment else ""
+            return f"dvc-{name}{pid}-{stat[19]}"  # field 22 of /proc/pid/stat: start time
         pid = int(stat[1])  # parent pid
         if pid <= 1:
             break
-    return f"single-{uuid.uuid4().hex[:12]}"
+    return f"{_ALONE}{uuid.uuid4().hex[:12]}"
+
+
+_ALONE = "single-"
+
+
+def alone(pipeline_run: str) -> bool:
+    """Whether the id is a stage's run outside any pipeline run (no `dvc` above it, no id set)."""
+    return pipeline_run.startswith(_ALONE)
 
 
 def _git_state() -> tuple[str, bool]:
     """The commit the code came from and whether it had uncommitted changes.
 
     GPTLAB_SOURCE_COMMIT (and GPTLAB_SOURCE_DIRTY) win when set: `gptlab smoke` runs a copy of the
-    project in a throwaway repository whose own commit means nothing to a user.
+    project in a throwaway repository whose own commit means nothing to a user. What the
+    pipeline writes itself (dvc.lock, reports/) is no uncommitted change, nor is params.yaml
+    inside a DVC experiment (DVC_EXP_NAME): DVC applied its `-S` values there and records them
+    as the experiment's params (so does the pipeline run's MLflow run: `changed_params`).
     """
     if os.environ.get(SOURCE_COMMIT_ENV):
         return os.environ[SOURCE_COMMIT_ENV], os.environ.get(SOURCE_DIRTY_ENV, "false").lower() == "true"
@@ -93,15 +114,44 @@ def _git_state() -> tuple[str, bool]:
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "-z", "--no-renames", "--untracked-files=no"],
             capture_output=True,
             text=True,
             check=True,
             timeout=10,
         ).stdout
-        return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return "unknown", True
+    changed = [Path(entry[3:]) for entry in status.split("\0") if entry]  # "XY path", relative to the root
+    return commit, any(not _written_by_the_pipeline(path) for path in changed)
+
+
+def _written_by_the_pipeline(path: Path) -> bool:
+    """dvc.lock, reports/... (the stages' outputs), and params.yaml as DVC set it for an experiment."""
+    if path == Path("dvc.lock") or path.parts[:1] == (REPORTS.name,):
+        return True
+    return path == Path("params.yaml") and bool(os.environ.get("DVC_EXP_NAME"))
+
+
+def changed_params(params_file: Path = Path("params.yaml")) -> dict[str, Any]:
+    """params.yaml's values that differ from the committed file's (`git show HEAD:`), flat; {} without git.
+
+    Inside `dvc exp run -S key=value` these are the values DVC set: what tells the experiment
+    from the committed run.
+    """
+    try:
+        committed = subprocess.run(
+            ["git", "show", f"HEAD:./{params_file.as_posix()}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+        now = flatten(yaml.safe_load(params_file.read_text(encoding="utf-8")) or {})
+        before = flatten(yaml.safe_load(committed) or {})
+    except (OSError, subprocess.SubprocessError, yaml.YAMLError, AttributeError):
+        return {}
+    return {key: value for key, value in now.items() if key not in before or before[key] != value}
 
 
 def dataset_input(

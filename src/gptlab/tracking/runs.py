@@ -6,7 +6,8 @@ needed. Setting MLFLOW_TRACKING_URI points every stage at a team server instead
 (the store, its checks and failures: gptlab.tracking.store).
 Each stage execution is one run named after the stage, in one experiment per
 pipeline, tagged so that the runs of one `dvc repro` can be found together
-(the tags, dataset hashes and upstream links: gptlab.tracking.lineage).
+(the tags, dataset hashes and upstream links: gptlab.tracking.lineage), and
+nested under the pipeline run's own MLflow run (gptlab.tracking.pipeline_run).
 Runs are started with MLflow's fluent API, so they carry MLflow's standard tags
 (`mlflow.user`, `mlflow.source.name`, ...) and, with `tracking.system_metrics`,
 CPU, memory (and GPU, where MLflow can read it) use as `system/...` metrics.
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from gptlab.files import process_alive
 from gptlab.tracking import lineage
-from gptlab.tracking.buffered_run import NULL_RUN, StageRun
+from gptlab.tracking.buffered_run import NULL_RUN, StageRun, metric_prefix
+from gptlab.tracking.pipeline_run import PARENT_TAG, end_parent, open_parent
 from gptlab.tracking.store import (
     StoreError,
     TrackingLost,
@@ -47,6 +49,7 @@ from gptlab.tracking.store import (
     tracking_uri,
 )
 from gptlab.tracking.sweep_runs import SWEEP_TAG, SWEEP_VARIANT_TAG
+from gptlab.tracking.ui import KEY_PARAMS
 from gptlab.training.distributed import is_main
 
 if TYPE_CHECKING:
@@ -71,7 +74,10 @@ def stage_run(
     opens a run; the other processes get NULL_RUN. A run of a `gptlab sweep` variant (`sweep`,
     `sweep_variant`: tracking.sweep and tracking.sweep_variant) is tagged gptlab.sweep and
     gptlab.sweep_variant, so the UI lists a sweep's runs together. The run is named by
-    `run_title`.
+    `run_title`. Within a pipeline run (`dvc repro`, `dvc exp run`, `gptlab smoke`, a sweep's
+    variant) it is nested under that run's parent (`pipeline ·` and the same label), which
+    gets the params that differ from the committed params.yaml and the stage's key params (the
+    runs table's columns: gptlab.tracking.ui); a stage run alone has no parent.
     """
     if not is_main():
         yield NULL_RUN
@@ -92,15 +98,22 @@ def stage_run(
         client = mlflow.MlflowClient(tracking_uri=uri)
         experiment_id = ensure_experiment(client, experiment)
         _close_dead_runs(client, experiment_id, stage)
+        label = sweep_variant if sweep is not None else None
+        parent_id = None
+        if not lineage.alone(tags["gptlab.pipeline_run"]):
+            parent_id = open_parent(client, experiment_id, tags, run_title("pipeline", label))
+            tags[PARENT_TAG] = parent_id
         run = mlflow.start_run(
             experiment_id=experiment_id,
-            run_name=run_title(run_name or stage, sweep_variant if sweep is not None else None),
+            run_name=run_title(run_name or stage, label),
             tags=tags,
             log_system_metrics=system_metrics,
         )
-    stage_run = StageRun(client, run.info.run_id, uri)
+    stage_run = StageRun(client, run.info.run_id, uri, prefix=metric_prefix(stage), parent_id=parent_id)
     try:
         stage_run.log_params(params)
+        key_params = {key: params[key] for key in KEY_PARAMS if key in params}
+        stage_run.log_pipeline_params({**key_params, **lineage.changed_params()})
         yield stage_run
         stage_run.ensure_sent("the stage's outputs are written; rerun it once the server answers")
     except KeyboardInterrupt:
@@ -132,6 +145,8 @@ def _end_run(run: StageRun, status: str) -> None:
     and a run that would have FINISHED fails the stage."""
     try:
         imported_mlflow().end_run(status=status)
+        if run.parent_id is not None:
+            end_parent(run.client, run.parent_id, status)
     except Exception as exc:
         if not server_lost(exc):
             if (said := store_failure(run.uri, exc)) is not None:
@@ -147,7 +162,8 @@ def _end_run(run: StageRun, status: str) -> None:
 def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> None:
     """Mark KILLED the runs of `stage` left RUNNING by a process of this machine that no longer exists.
 
-    A stage killed with SIGKILL cannot end its own run; its rerun (which resumes the training) does.
+    A stage killed with SIGKILL cannot end its own run, nor its pipeline run's; its rerun (which
+    resumes the training) does.
     """
     host = socket.gethostname()
     running = client.search_runs(
@@ -157,3 +173,5 @@ def _close_dead_runs(client: MlflowClient, experiment_id: str, stage: str) -> No
         tags = run.data.tags
         if tags.get("gptlab.host") == host and not process_alive(int(tags.get("gptlab.pid", "0"))):
             client.set_terminated(run.info.run_id, status="KILLED")
+            if PARENT_TAG in tags and client.get_run(tags[PARENT_TAG]).info.status == "RUNNING":
+                end_parent(client, tags[PARENT_TAG], "KILLED")

@@ -1,12 +1,16 @@
-"""What the MLflow UI shows first: model-training mode, and the runs table's key columns.
+"""What the MLflow UI shows first: model-training mode, and the runs table's view.
 
 MLflow 3's UI reads both from a page's URL. `workflowType=machine_learning` opens it in
 model-training mode (without it, the UI follows the browser's last choice: GenAI for a
 browser new to MLflow 3). `viewStateShareKey=K` loads the view stored in the experiment's
-tag `mlflow.sharedViewState.K`, as the UI's own *Share* button does: here, the runs
-table with each stage's key params and headline metrics as columns, where MLflow shows
-none by default. Every link gptlab writes carries the first; links to an experiment's
-runs carry both, and every experiment the stages log to holds the view (`view_tags`).
+tag `mlflow.sharedViewState.K`, as the UI's own *Share* button does: here, one row per
+pipeline run (its stages' runs nested under it, collapsed), the headline metrics of every
+stage as the first columns, then the key params, and none of MLflow's Source, Models and
+Dataset columns; the chart view draws every run (MLflow's default draws the first 10).
+Every link gptlab writes carries the first; links to an experiment's runs carry both, and
+every experiment the stages log to holds the view (`view_tags`). MLflow's Assistant panel
+is the browser's own choice (closed until a user opens it): no server setting or view
+stored here opens or closes it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,18 @@ MODEL_TRAINING_QUERY = "workflowType=machine_learning"
 # The view's key, and the experiment tag that holds it (the prefix MLflow's UI reads).
 VIEW_KEY = "gptlab"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-# The params a run is told apart by, and the figure each stage is judged by (a run has the
-# columns of its own stage; the others stay empty). MLflow's defaults come first.
+# The figure each stage is judged by, as its metrics.json names it under the stage's prefix
+# (gptlab.tracking.buffered_run.stage_metrics), and the params a pipeline run is told apart by:
+# the pipeline run's MLflow run carries both (each stage's run, its own stage's).
+HEADLINE_METRICS = (
+    "pretrain/final_val_loss",
+    "eval/val_perplexity",
+    "spam/test_accuracy",
+    "instruct/rougeL_f1",
+    "instruct/val_loss",
+    "preference/val_reward_margin",
+    "preference/test_after_reward_accuracy",
+)
 KEY_PARAMS = (
     "pretrain.train.lr",
     "spam.trainable",
@@ -27,16 +41,8 @@ KEY_PARAMS = (
     "instruct.train.lr",
     "preference.beta",
 )
-HEADLINE_METRICS = (
-    "final/val_loss",  # pretrain, instruct-finetune, preference-finetune (its DPO loss)
-    "eval/val_loss",  # eval, load-gpt2
-    "eval/val_perplexity",
-    "final/test.accuracy",  # spam-finetune
-    "final/rougeL_f1",  # instruct-finetune
-    "final/val_reward_margin",  # preference-finetune
-    "final/test.after.reward_accuracy",
-)
-_DEFAULT_COLUMNS = ("attributes.`Source`", "attributes.`Models`", "attributes.`Dataset`")
+# MLflow's own `runsHiddenMode` that draws every run in the chart view (its default: FIRST_10_RUNS).
+SHOW_ALL_RUNS = "SHOW_ALL"
 
 
 def ui_link(page: str) -> str:
@@ -45,18 +51,22 @@ def ui_link(page: str) -> str:
 
 
 def runs_link(experiment_id: str) -> str:
-    """The UI's route to an experiment's runs, in model-training mode, with gptlab's columns."""
+    """The UI's route to an experiment's runs, in model-training mode, with gptlab's view."""
     return f"{ui_link(f'experiments/{experiment_id}/runs')}&viewStateShareKey={VIEW_KEY}"
 
 
 def view_state() -> dict[str, object]:
-    """The runs table's columns as the UI stores a view: `<kind>.`<key>`` per column."""
+    """The runs table as the UI stores a view: its columns (`<kind>.`<key>``) in order, parents collapsed."""
     columns = [
-        *_DEFAULT_COLUMNS,
-        *(f"params.`{key}`" for key in KEY_PARAMS),
         *(f"metrics.`{key}`" for key in HEADLINE_METRICS),
+        *(f"params.`{key}`" for key in KEY_PARAMS),
     ]
-    return {"selectedColumns": columns}
+    return {
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "runsExpanded": {},
+        "runsHiddenMode": SHOW_ALL_RUNS,
+    }
 
 
 def view_tags() -> dict[str, str]:
