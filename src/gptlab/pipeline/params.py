@@ -13,7 +13,7 @@ from typing import Literal
 
 import yaml
 
-from gptlab.data.config import DataConfig, HFWeights, TokenizeConfig
+from gptlab.data.config import CorpusConfig, DataConfig, HFWeights, TokenizeConfig
 from gptlab.files import require_file
 from gptlab.model.config import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelSpec, SampleConfig
 from gptlab.schema import MAX_BATCH_SIZE, ConfigError, build, read_yaml, require, require_count
@@ -79,6 +79,7 @@ class Params:
     tracking: TrackingConfig
     checkpoints: CheckpointConfig
     data: DataConfig
+    corpus: CorpusConfig
     tokenize: TokenizeConfig
     pretrain: PretrainConfig
     eval: EvalConfig
