@@ -81,7 +81,9 @@ def run(params: Params) -> None:
             print(f"epoch {epoch} sample: {text!r}")
             return {"sample": text}
 
-        result = stage.fit(model, data.train, data.scored["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end)
+        result = stage.fit(
+            model, data.train, data.scored["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end
+        )
         clock.lap("training")
         if not stage.main:  # another torchrun process: rank 0 writes the outputs
             return
@@ -109,9 +111,7 @@ def run(params: Params) -> None:
             model,
             PRETRAIN_MODEL,
             {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
-            Reports(
-                REPORT_DIR, metrics, counts, loss_table(history, columns), figure_file="loss.png"
-            ),
+            Reports(REPORT_DIR, metrics, counts, loss_table(history, columns), figure_file="loss.png"),
             result,
             kind="pretrain",
             model_defaults={

@@ -78,6 +78,8 @@ def test_the_stage_trains_a_token_budget_on_shards_and_records_the_corpus(
     profile = json.loads(dataset.dataset.profile)
     assert dataset.dataset.name == "gutenberg"
     assert profile["books"] == 2 and profile["list_sha256"] == LIST_SHA256
-    assert profile["train_windows"] == 24 + 24 + 12 and profile["val_windows"] == 12  # shards of 400, 400, 200
+    assert (
+        profile["train_windows"] == 24 + 24 + 12 and profile["val_windows"] == 12
+    )  # shards of 400, 400, 200
     assert run.data.params["corpus.name"] == "gutenberg"
     assert float(run.data.tags["gptlab.tokens_per_second"]) > 0
