@@ -2,7 +2,9 @@
 
 Reads the download stage's files from data.raw_dir and writes under
 data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy}
-and instruct/{train,val,test}.json. Counts, lengths and class balance go to
+and instruct/{train,val,test}.json; with corpus.name gutenberg, also the books
+as token shards, gutenberg/{train,val}-NNNNN.bin and books.json (corpus_shards.py).
+Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
 and to the stage's MLflow run as `counts.*` params; the three raw datasets are
 the run's inputs, with their DVC content hash and split sizes.
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.data import instruct, spam, verdict
+from gptlab.data.corpus_shards import tokenize_books
+from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
@@ -46,11 +50,14 @@ def run(params: Params) -> None:
         raise FileNotFoundError(
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
+    corpus = params.corpus.gutenberg
+    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
         "data.processed_dir": params.data.processed_dir,
         **flatten(cfg, "tokenize"),
+        **(flatten(params.corpus, "corpus") if books else {}),
     }
     with stage_run(
         "tokenize", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
@@ -77,6 +84,18 @@ def run(params: Params) -> None:
                 max_records=cfg.instruct.max_records,
             ),
         }
+        if books:
+            metrics["gutenberg"] = tokenize_books(
+                books,
+                Path(params.data.raw_dir) / corpus.path,
+                processed_dir / "gutenberg",
+                tokenizer,
+                val_every=corpus.val_every,
+                shard_tokens=corpus.shard_tokens,
+            )
+            tracker.log_input(
+                "gutenberg", corpus.books, context="source", profile=_split_sizes(metrics["gutenberg"])
+            )
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):
