@@ -19,6 +19,7 @@ answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --hel
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,20 +27,24 @@ from torch.utils.data import Dataset
 
 from gptlab.model.build import build_gpt
 from gptlab.model.generate import generate_text
+from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.pretrain_data import pretrain_windows, with_perplexity
-from gptlab.pipeline.training_stage import Reports, loss_table, training_run
+from gptlab.pipeline.training_stage import Reports, TrainingRun, loss_table, training_run
 from gptlab.schema import flatten
 from gptlab.tracking.buffered_run import section
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import require_one_batch
 from gptlab.training.losses import LossFn, dataset_loss, perplexity
-from gptlab.training.runtime import resolve_device, resolve_precision
+from gptlab.training.runtime import Precision, resolve_device, resolve_precision
 from gptlab.training.throughput import flops_per_token, mfu, peak_flops
 from gptlab.training.timing import LapClock
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STAGE = "pretrain"
 REPORT_DIR = REPORTS / "pretrain"
@@ -67,8 +72,7 @@ def run(params: Params) -> None:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
         model = build_gpt(model_cfg).to(resolve_device(cfg.train.device))
-        parameters = sum(p.numel() for p in model.parameters())
-        print(f"{parameters:,} parameters; {len(data.train)} windows")
+        print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data.train)} windows")
         clock.lap("setup")
         loss_fn = language_model_loss(cfg.train.loss_kernel)
         initial = split_losses(model, data.scored, cfg.train, loss_fn)
@@ -98,20 +102,14 @@ def run(params: Params) -> None:
             "last_eval_val_loss": result.history[-1]["val_loss"],
         }
         counts = {"steps": result.steps, "epochs": len(result.epochs), "tokens_seen": result.seen}
-        device = next(model.parameters()).device
-        peak = peak_flops(device, resolve_precision(device, cfg.train.precision))
-        utilisation = mfu(result.seen_per_second, flops_per_token(model_cfg, parameters), peak)
-        if utilisation is not None:  # no metric: it varies run to run, as the tokens/s tag beside it
-            stage.tracker.set_tags({"gptlab.mfu": f"{utilisation:.4f}"})
-        history = result.history if params.corpus.name == "verdict" else with_perplexity(result.history)
-        columns = LOSS_COLUMNS if params.corpus.name == "verdict" else [*LOSS_COLUMNS, "val_perplexity"]
+        report_throughput(stage, model, result.seen_per_second, cfg.train.precision)
         samples = (f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs)
         stage.tracker.log_text("\n\n".join(samples), "pretrain/samples.txt")
         stage.publish(
             model,
             PRETRAIN_MODEL,
             {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
-            Reports(REPORT_DIR, metrics, counts, loss_table(history, columns), figure_file="loss.png"),
+            Reports(REPORT_DIR, metrics, counts, losses(params, result.history), figure_file="loss.png"),
             result,
             kind="pretrain",
             model_defaults={
@@ -126,6 +124,28 @@ def run(params: Params) -> None:
         stage.tracker.log_dict(timings, "pretrain/stage_seconds.json")
         print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
+
+
+def report_throughput(
+    stage: TrainingRun, model: GPTModel, tokens_per_second: float, precision: Precision
+) -> None:
+    """Print the training's tokens/s, and tag its MFU where the device's peak is known (no metric:
+    it varies run to run, as the tokens/s tag beside it)."""
+    device = next(model.parameters()).device
+    peak = peak_flops(device, resolve_precision(device, precision))
+    parameters = sum(p.numel() for p in model.parameters())
+    utilisation = mfu(tokens_per_second, flops_per_token(model.cfg, parameters), peak)
+    if utilisation is not None:
+        stage.tracker.set_tags({"gptlab.mfu": f"{utilisation:.4f}"})
+    shown = "" if utilisation is None else f", MFU {utilisation:.1%}"
+    print(f"training: {tokens_per_second:,.0f} tokens/s{shown}", file=sys.stderr)
+
+
+def losses(params: Params, history: list[dict[str, float]]) -> pd.DataFrame:
+    """losses.csv: the book's columns; a corpus's also the validation perplexity."""
+    if params.corpus.name == "verdict":
+        return loss_table(history, LOSS_COLUMNS)
+    return loss_table(with_perplexity(history), [*LOSS_COLUMNS, "val_perplexity"])
 
 
 def split_losses(
