@@ -63,7 +63,7 @@ def run(params: Params) -> None:
             origins = fetch_books(books, raw_dir, corpus.path, mirror)
             print(f"gutenberg: {len(books)} books in {raw_dir / corpus.path} ({origins})")
             profile = {"books": len(books), "bytes": sum(book.bytes for book in books)}
-            tracker.log_input("gutenberg", corpus.books, context="source", profile=profile)
+            tracker.log_input("gutenberg_books", raw_dir / corpus.path, context="source", profile=profile)
             tracker.set_tags({f"origin.gutenberg.{origin}": count for origin, count in origins.items()})
             manifest["gutenberg"] = profile | {"list_sha256": list_digest(books), "origins": origins}
         tracker.log_dict(manifest, "download/manifest.json")

@@ -85,17 +85,17 @@ def run(params: Params) -> None:
             ),
         }
         if books:
+            books_dir = Path(params.data.raw_dir) / corpus.path
             metrics["gutenberg"] = tokenize_books(
                 books,
-                Path(params.data.raw_dir) / corpus.path,
+                books_dir,
                 processed_dir / "gutenberg",
                 tokenizer,
                 val_every=corpus.val_every,
                 shard_tokens=corpus.shard_tokens,
             )
-            tracker.log_input(
-                "gutenberg", corpus.books, context="source", profile=_split_sizes(metrics["gutenberg"])
-            )
+            sizes = _split_sizes(metrics["gutenberg"])
+            tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -10,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptlab.data.corpus_shards import tokenize_books
+from gptlab.data.corpus_shards import pieces_of, tokenize_books
 from gptlab.data.fetch import FetchError
 from gptlab.data.gutenberg import (
     Book,
     book_text,
+    corpus_books,
     is_validation,
     list_digest,
     read_book_list,
@@ -105,8 +107,6 @@ def test_book_text_that_is_not_utf8_is_named() -> None:
 
 
 def test_pieces_encode_to_exactly_the_whole_books_ids(gutenberg_books: list[Book], tokenizer) -> None:
-    from gptlab.data.corpus_shards import pieces_of
-
     folder = cache_dir() / CORPUS.path
     for book in gutenberg_books[:2]:
         text = book_text((folder / book.file).read_bytes(), book.file).text
@@ -191,3 +191,12 @@ def test_fetch_resumes_from_its_downloads_and_names_a_damaged_book(
     assert lines[0].startswith("1 of 4 books could not be fetched")
     assert len(lines) == 2 and gutenberg_books[3].file in lines[1] and "does not match its pin" in lines[1]
     assert len(list((raw / CORPUS.path).iterdir())) == 3
+
+
+def test_a_corpus_of_fewer_than_two_books_is_refused_naming_the_list(tmp_path: Path) -> None:
+    path = tmp_path / "one.tsv"
+    path.write_text(f"file\tbytes\tsha256\turl\na--1.txt\t1\t{'0' * 64}\thttps://x\n", encoding="utf-8")
+    with pytest.raises(InputError, match=f"corpus.gutenberg: 1 book.s. taken from {path}; at least 2"):
+        corpus_books(dataclasses.replace(CORPUS, books=str(path)))
+    with pytest.raises(InputError, match="corpus.gutenberg.path '../books'"):
+        corpus_books(dataclasses.replace(CORPUS, books=str(path), path="../books"))
