@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from book_speed_bonus import bonus_step
 
-from benchmarks.book_speed_bonus import bonus_step
 from gptlab.data.corpus_windows import ShardWindows
 from gptlab.data.token_shards import ShardWriter
 from gptlab.data.verdict import GPTDatasetV1
