@@ -192,14 +192,13 @@ def main() -> None:
     per_token = flops_per_token(model_cfg, sum(p.numel() for p in build_gpt(model_cfg).parameters()))
     rate = {name: tokens / statistics.median(seconds[name]) for name, (_, tokens) in variants.items()}
     baseline = BOOK if args.book else VERDICT
-    print(
-        f"{'variant':<38}{'s/step':>10}{'tokens/s':>12}{'vs ' + baseline.split(' (')[0]:>16}{'MFU':>8}{'loader':>9}"
-    )
+    print(f"ratio: tokens/s over {baseline}'s; loader: the share of a step spent drawing its batches")
+    print(f"{'variant':<38}{'s/step':>10}{'tokens/s':>12}{'ratio':>10}{'MFU':>8}{'loader':>9}")
     for name in variants:
         share = f"{rate[name] * per_token / peak:.1%}" if peak else "-"
         print(
             f"{name:<38}{statistics.median(seconds[name]):>10.4f}{rate[name]:>12,.0f}"
-            f"{rate[name] / rate[baseline]:>15.2f}x{share:>8}{statistics.median(loader[name]):>9.2%}"
+            f"{rate[name] / rate[baseline]:>9.2f}x{share:>8}{statistics.median(loader[name]):>9.2%}"
         )
 
 
