@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.data import instruct, spam, verdict
-from gptlab.data.corpus_shards import require_books, tokenize_books
+from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
@@ -97,6 +97,7 @@ def run(params: Params) -> None:
             )
             sizes = _split_sizes(metrics["gutenberg"])
             tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
+            tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):
