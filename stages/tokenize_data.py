@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.data import instruct, spam, verdict
-from gptlab.data.corpus_shards import tokenize_books
+from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
@@ -52,6 +52,8 @@ def run(params: Params) -> None:
         )
     corpus = params.corpus.gutenberg
     books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
+    books_dir = Path(params.data.raw_dir) / corpus.path
+    require_books(books, books_dir)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
@@ -85,7 +87,6 @@ def run(params: Params) -> None:
             ),
         }
         if books:
-            books_dir = Path(params.data.raw_dir) / corpus.path
             metrics["gutenberg"] = tokenize_books(
                 books,
                 books_dir,
@@ -96,6 +97,7 @@ def run(params: Params) -> None:
             )
             sizes = _split_sizes(metrics["gutenberg"])
             tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
+            tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):

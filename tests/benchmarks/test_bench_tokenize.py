@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gptlab.data.gutenberg import Book, book_text
+from gptlab.model.tokenizer import load_tokenizer
 
 from helpers import PROJECT_ROOT, cache_dir, committed_params
 
@@ -38,8 +39,6 @@ def test_bench_tokenize_runs_the_stage_and_reads_its_counts(
 
 def _book_tokens(books: list[Book]) -> list[int]:
     """Each book's ids as the stage writes them: its text's, then `<|endoftext|>`."""
-    from gptlab.model.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(cache_dir())
     folder = cache_dir() / committed_params().corpus.gutenberg.path
     return [

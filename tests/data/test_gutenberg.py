@@ -187,9 +187,14 @@ def test_fetch_resumes_from_its_downloads_and_names_a_damaged_book(
     (mirror / CORPUS.path / gutenberg_books[3].file).write_text("not the book", encoding="utf-8")
     with pytest.raises(FetchError) as info:
         fetch_books(gutenberg_books, raw, CORPUS.path, mirror)
-    lines = str(info.value).splitlines()
-    assert lines[0].startswith("1 of 4 books could not be fetched")
-    assert len(lines) == 2 and gutenberg_books[3].file in lines[1] and "does not match its pin" in lines[1]
+    first, named, hint = str(info.value).splitlines()
+    assert first.startswith("1 of 4 books could not be fetched")
+    assert (
+        named.startswith(f"  {gutenberg_books[3].file}: mirror file ") and "does not match its pin" in named
+    )
+    assert hint.startswith(
+        "Offline, set GPTLAB_MIRROR to a folder holding each book at gutenberg/books/<file>"
+    )
     assert len(list((raw / CORPUS.path).iterdir())) == 3
 
 

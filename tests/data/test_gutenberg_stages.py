@@ -53,6 +53,9 @@ def test_download_then_tokenize_the_first_books(
     (run,) = client.search_runs([experiment.experiment_id], "attributes.run_name = 'tokenize'")
     assert run.data.params["corpus.name"] == "gutenberg"
     assert run.data.params["counts.gutenberg.books"] == "3"
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "tokenize/gutenberg")] == [
+        "tokenize/gutenberg/books.json"
+    ]
     (dataset,) = [d.dataset for d in run.inputs.dataset_inputs if d.dataset.name == "gutenberg"]
     assert json.loads(dataset.profile) == {
         "train_tokens": gutenberg["train"]["tokens"],

@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _book_inputs(corpus: CorpusConfig) -> list[PinnedInput]:
     """Every book the corpus takes, at corpus.gutenberg.path/<file>; none for The Verdict."""
+    # once the command runs, as in `run`: keeps `gptlab --help` fast
     from gptlab.data.fetch import safe_relative_path
     from gptlab.data.gutenberg import corpus_books
     from gptlab.data.inputs import PinnedInput

@@ -47,7 +47,7 @@ def tokenize_books(
     Written beside `out_dir` and moved into place at the end, so a failure leaves the previous
     output (or none), never a mix of two runs' shards.
     """
-    _require_books(books, books_dir)
+    require_books(books, books_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -91,7 +91,7 @@ def tokenize_books(
     return _counts(records, shards, digest)
 
 
-def _require_books(books: Sequence[Book], books_dir: Path) -> None:
+def require_books(books: Sequence[Book], books_dir: Path) -> None:
     """Each book present at its pinned size, checked before any work: a missing one is one line."""
     for book in books:
         path = books_dir / book.file

@@ -51,7 +51,7 @@ def read_book_list(path: Path) -> list[Book]:
     """The list's rows in order; a malformed row is one line naming the file and the line."""
     try:
         with Path(path).open(encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh, delimiter="\t")
+            reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
             header = next(reader, None)
             if header != COLUMNS:
                 raise InputError(f"{path}: expected the tab-separated columns {COLUMNS}, got {header}")

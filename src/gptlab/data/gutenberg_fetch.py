@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gptlab.data.fetch import FetchError, fetch, fetch_local, safe_relative_path
+from gptlab.data.fetch import MIRROR_ENV, FetchError, fetch, fetch_local, safe_relative_path
 from gptlab.data.gutenberg import Book
 
 # Where downloads wait for data.raw_dir, kept across DVC's clearing of the download stage's output.
@@ -53,12 +53,14 @@ def fetch_books(books: list[Book], raw_dir: Path, folder: str, mirror_dir: Path 
             try:
                 origins[future.result()] += 1
             except FetchError as exc:
-                failures.append(f"  {file}: {str(exc).splitlines()[0]}")
+                first = str(exc).splitlines()[0]  # "could not fetch <its download path>: <why>"
+                failures.append(f"  {file}: {first.split(': ', 1)[-1]}")
             bar.update()
     if failures:
         raise FetchError(
-            f"{len(failures)} of {len(books)} books could not be fetched (the others are kept, "
-            "a rerun fetches only these):\n" + "\n".join(failures)
+            f"{len(failures)} of {len(books)} books could not be fetched (the others are kept; "
+            "a rerun fetches only these):\n" + "\n".join(failures) + f"\nOffline, set {MIRROR_ENV} to a "
+            f"folder holding each book at {base}/<file> (`gptlab mirror DIR --profile NAME` writes one)."
         )
     return dict(origins)
 
