@@ -32,7 +32,7 @@ from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.pretrain_data import pretrain_windows, with_perplexity
-from gptlab.pipeline.training_stage import Reports, TrainingRun, loss_table, training_run
+from gptlab.pipeline.training_stage import DatasetRead, Reports, TrainingRun, loss_table, training_run
 from gptlab.schema import flatten
 from gptlab.tracking.buffered_run import section
 from gptlab.training.chunked_loss import language_model_loss
@@ -66,7 +66,7 @@ def run(params: Params) -> None:
         logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain"), **corpus},
         fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict(), **corpus},
         inputs=data.inputs,
-        dataset=data.dataset,
+        dataset=DatasetRead(data.name, data.folder, data.profile),
         swept=False,
     ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.

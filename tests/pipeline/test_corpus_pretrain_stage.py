@@ -15,6 +15,7 @@ from gptlab.data.token_shards import ShardWriter
 from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tracking.store import tracking_uri
+from stages import eval as eval_stage
 from stages import pretrain as pretrain_stage
 
 from helpers import committed_params_raw, inputs_dir
@@ -56,7 +57,7 @@ def corpus_project(project: Path) -> None:
     (folder / "books.json").write_text(json.dumps({"list_sha256": LIST_SHA256, "books": books}))
 
 
-def test_the_stage_trains_a_token_budget_on_shards_and_records_the_corpus(
+def test_pretrain_trains_a_token_budget_on_shards_and_eval_scores_the_corpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -83,3 +84,12 @@ def test_the_stage_trains_a_token_budget_on_shards_and_records_the_corpus(
     )  # shards of 400, 400, 200
     assert run.data.params["corpus.name"] == "gutenberg"
     assert float(run.data.tags["gptlab.tokens_per_second"]) > 0
+
+    # eval scores the pretrained model on the corpus's fixed samples, not on The Verdict.
+    eval_stage.run(load_params())
+    scores = json.loads((tmp_path / "reports/eval/metrics.json").read_text())
+    assert scores["val_loss"] == pytest.approx(metrics["final_val_loss"], rel=1e-6)  # the same 4 windows
+    (evaluation,) = [
+        r for r in client.search_runs([run.info.experiment_id]) if r.info.run_id != run.info.run_id
+    ]
+    assert evaluation.inputs.dataset_inputs[0].dataset.name == "gutenberg"

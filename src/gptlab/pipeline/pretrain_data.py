@@ -20,7 +20,6 @@ from gptlab.data.token_shards import shard_paths
 from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.errors import InputError
 from gptlab.pipeline.params import Params
-from gptlab.pipeline.training_stage import DatasetRead
 from gptlab.training.losses import perplexity
 
 SPLITS = ("train", "val")
@@ -32,23 +31,28 @@ class PretrainWindows:
     train: Dataset  # the windows training reads
     scored: dict[str, Dataset]  # per split, the windows its losses are scored on (the loop's val: "val")
     inputs: list[Path]  # the files whose content keys the resume folder
-    dataset: DatasetRead  # what MLflow records as the run's input
+    # What MLflow records as the run's input: the corpus's name, folder and profile (split sizes;
+    # a corpus's book count and list digest).
+    name: str
+    folder: Path
+    profile: dict[str, int | str]
 
 
-def pretrain_windows(params: Params) -> PretrainWindows:
-    """The windows of `corpus.name` at pretrain.data's length and stride."""
+def pretrain_windows(params: Params, length: int | None = None) -> PretrainWindows:
+    """The windows of `corpus.name` at pretrain.data's length and stride, or `length` for both (eval's)."""
     processed_dir = Path(params.data.processed_dir)
     cfg = params.pretrain.data
+    max_length, stride = (cfg.max_length, cfg.stride) if length is None else (length, length)
     if params.corpus.name == "verdict":
         tokens = {split: load_split(processed_dir, split) for split in SPLITS}
-        windows = {split: GPTDatasetV1(tokens[split], cfg.max_length, cfg.stride) for split in SPLITS}
+        windows = {split: GPTDatasetV1(tokens[split], max_length, stride) for split in SPLITS}
         sizes = {f"{split}_tokens": len(ids) for split, ids in tokens.items()}
         folder, inputs = processed_dir / SUBDIR, [split_path(processed_dir, split) for split in SPLITS]
         described: dict[str, int | str] = {}
     else:
         folder = processed_dir / params.corpus.name
         shards = {split: shard_paths(folder, split) for split in SPLITS}
-        windows = {split: ShardWindows(paths, cfg.max_length, cfg.stride) for split, paths in shards.items()}
+        windows = {split: ShardWindows(paths, max_length, stride) for split, paths in shards.items()}
         sizes = {f"{split}_tokens": sum(len(w) for w in windows[split].shards) for split in SPLITS}
         inputs = [folder]
         described = corpus_record(folder / BOOKS_FILE)
@@ -57,9 +61,7 @@ def pretrain_windows(params: Params) -> PretrainWindows:
         for split in SPLITS
     }
     sizes |= {f"{split}_windows": len(data) for split, data in windows.items()}  # type: ignore[arg-type]
-    return PretrainWindows(
-        windows["train"], scored, inputs, DatasetRead(params.corpus.name, folder, sizes | described)
-    )
+    return PretrainWindows(windows["train"], scored, inputs, params.corpus.name, folder, sizes | described)
 
 
 def corpus_record(path: Path) -> dict[str, int | str]:
