@@ -3,6 +3,8 @@
 Each file comes from data.raw_dir if already there with the right hash, else
 from the mirror folder named by GPTLAB_MIRROR, else from its URL.
 Offline: set GPTLAB_MIRROR to a folder of the pinned files (`gptlab mirror DIR` writes one).
+With corpus.name gutenberg, the books the corpus takes too, several at once; a rerun
+after an interruption fetches only the books still missing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 from gptlab.data.config import SourceFile
 from gptlab.data.fetch import fetch, mirror_dir, safe_relative_path
+from gptlab.data.gutenberg import corpus_books, list_digest
+from gptlab.data.gutenberg_fetch import fetch_books
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
 from gptlab.tracking.runs import stage_run
@@ -30,11 +34,11 @@ def run(params: Params) -> None:
     }
     # Refuse a bad path in params before anything is fetched.
     paths = {name: safe_relative_path(src.path, f"data.sources.{name}.path") for name, src in sources.items()}
+    corpus = params.corpus.gutenberg
+    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
+    logged = flatten(params.data, "data") | (flatten(params.corpus, "corpus") if books else {})
     with stage_run(
-        "download",
-        params.tracking.experiment,
-        flatten(params.data, "data"),
-        system_metrics=params.tracking.system_metrics,
+        "download", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
     ) as tracker:
         manifest = {}
         for name, src in sources.items():
@@ -55,6 +59,13 @@ def run(params: Params) -> None:
             tracker.log_input(name, got.path, context="source", profile={"bytes": got.size, "url": src.url})
         tracker.log_params({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
         tracker.set_tags({f"origin.{name}": entry["origin"] for name, entry in manifest.items()})
+        if books:
+            origins = fetch_books(books, raw_dir, corpus.path, mirror)
+            print(f"gutenberg: {len(books)} books in {raw_dir / corpus.path} ({origins})")
+            profile = {"books": len(books), "bytes": sum(book.bytes for book in books)}
+            tracker.log_input("gutenberg_books", raw_dir / corpus.path, context="source", profile=profile)
+            tracker.set_tags({f"origin.gutenberg.{origin}": count for origin, count in origins.items()})
+            manifest["gutenberg"] = profile | {"list_sha256": list_digest(books), "origins": origins}
         tracker.log_dict(manifest, "download/manifest.json")
 
 

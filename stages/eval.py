@@ -2,7 +2,8 @@
 
 Rebuilds the model from models/pretrain/ alone (its own config, not the
 pretrain params), scores every window of The Verdict's train and validation
-splits (windows and stride = the model's context length), and generates the
+splits (windows and stride = the model's context length; a corpus: the fixed
+sample of pretrain.data.eval_windows windows of each split), and generates the
 samples of params `eval.samples`. Writes reports/eval/metrics.json and
 reports/eval/samples.json; the MLflow run (and its pipeline run's) logs them as
 eval/train_loss, eval/val_loss, eval/train_perplexity and eval/val_perplexity.
@@ -15,15 +16,14 @@ from gptlab.pipeline.stage import answer_arguments_first, stage_main
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
 import json
-from pathlib import Path
 
-from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split
 from gptlab.files import write_json
 from gptlab.model.checkpoint import load_model
 from gptlab.model.generate import generate_text
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
+from gptlab.pipeline.pretrain_data import pretrain_windows
 from gptlab.schema import flatten
 from gptlab.tracking.runs import stage_run
 from gptlab.training.losses import split_losses
@@ -31,33 +31,21 @@ from gptlab.training.runtime import resolve_device
 
 STAGE = "eval"
 REPORT_DIR = REPORTS / "eval"
-SPLITS = ("train", "val")
 
 
 def run(params: Params) -> None:
     cfg = params.eval
-    processed_dir = Path(params.data.processed_dir)
     model, checkpoint_metadata = load_model(PRETRAIN_MODEL, resolve_device("auto"))
-    context = model.cfg.context_length
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
-    tokens = {split: load_split(processed_dir, split) for split in SPLITS}
-    data = {split: GPTDatasetV1(tokens[split], context, context) for split in SPLITS}
+    data = pretrain_windows(params, length=model.cfg.context_length)
     logged = {"data.processed_dir": params.data.processed_dir, **flatten(cfg, "eval")}
     with stage_run(
         STAGE, params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
     ) as tracker:
         tracker.set_tags({"gptlab.checkpoint": PRETRAIN_MODEL.as_posix()})
         tracker.link_upstream(PRETRAIN_MODEL, checkpoint_metadata)
-        tracker.log_input(
-            "verdict",
-            processed_dir / SUBDIR,
-            context="evaluation",
-            profile={
-                **{f"{split}_tokens": len(ids) for split, ids in tokens.items()},
-                **{f"{split}_windows": len(dataset) for split, dataset in data.items()},
-            },
-        )
-        metrics = split_losses(model, data, cfg.batch_size)
+        tracker.log_input(data.name, data.folder, context="evaluation", profile=data.profile)
+        metrics = split_losses(model, data.scored, cfg.batch_size)
         samples = {
             name: {**flatten(sample), "text": generate_text(model, tokenizer, sample)}
             for name, sample in cfg.samples.items()

@@ -1,11 +1,13 @@
-"""Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5).
+"""Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5) or a corpus.
 
-Reads the tokenize stage's data/processed/verdict/{train,val}.npy and writes
+Reads the tokenize stage's data/processed/verdict/{train,val}.npy (corpus.name verdict)
+or the corpus's token shards, data/processed/gutenberg/{train,val}-*.bin, and writes
 the model to models/pretrain/ (its config and final metrics travel with it),
 reports/pretrain/metrics.json (DVC metrics: the losses and perplexities),
 reports/pretrain/counts.json (steps, epochs, tokens seen), reports/pretrain/losses.csv
-(a DVC plot) and reports/pretrain/loss.png (the book's figure). A greedy sample is
-printed after each epoch. Interrupted runs resume from .gptlab/runs/pretrain/.
+(a DVC plot; a corpus's also has the validation perplexity) and reports/pretrain/loss.png
+(the book's figure). A greedy sample is printed after each epoch (and, with a token budget,
+at its end). Interrupted runs resume from .gptlab/runs/pretrain/.
 Under `torchrun --nproc_per_node=N` every process trains; only rank 0 logs and writes.
 """
 
@@ -17,26 +19,31 @@ answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --hel
 
 import json
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gptlab.data.verdict import SUBDIR, GPTDatasetV1, load_split, split_path
 from gptlab.model.build import build_gpt
 from gptlab.model.generate import generate_text
+from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
 from gptlab.pipeline.params import Params
-from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
+from gptlab.pipeline.pretrain_data import pretrain_windows, with_perplexity
+from gptlab.pipeline.training_stage import DatasetRead, Reports, TrainingRun, loss_table, training_run
 from gptlab.schema import flatten
 from gptlab.training.chunked_loss import language_model_loss
 from gptlab.training.config import TrainConfig
 from gptlab.training.loop import require_one_batch
 from gptlab.training.losses import LossFn, dataset_loss, perplexity
-from gptlab.training.runtime import resolve_device
+from gptlab.training.runtime import Precision, resolve_device, resolve_precision
+from gptlab.training.throughput import flops_per_token, mfu, peak_flops
 from gptlab.training.timing import LapClock
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STAGE = "pretrain"
 REPORT_DIR = REPORTS / "pretrain"
@@ -47,30 +54,27 @@ LOSS_COLUMNS = ["step", "tokens_seen", "train_loss", "val_loss"]
 def run(params: Params) -> None:
     clock = LapClock()
     cfg = params.pretrain
-    processed_dir = Path(params.data.processed_dir)
     model_cfg = cfg.model.resolve()
-    tokens = {split: load_split(processed_dir, split) for split in SPLITS}
-    data = {split: GPTDatasetV1(tokens[split], cfg.data.max_length, cfg.data.stride) for split in SPLITS}
-    require_one_batch(len(data["train"]), cfg.train.batch_size, "pretrain.train.batch_size")
+    data = pretrain_windows(params)
+    require_one_batch(len(data.train), cfg.train.batch_size, "pretrain.train.batch_size")
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
-    sizes = {f"{split}_tokens": len(ids) for split, ids in tokens.items()}
-    sizes |= {f"{split}_windows": len(dataset) for split, dataset in data.items()}
+    corpus = {} if params.corpus.name == "verdict" else flatten(params.corpus, "corpus")
     with training_run(
         STAGE,
         params,
-        logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain")},
-        fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict()},
-        inputs=[split_path(processed_dir, split) for split in SPLITS],
-        dataset=DatasetRead("verdict", processed_dir / SUBDIR, sizes),
+        logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain"), **corpus},
+        fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict(), **corpus},
+        inputs=data.inputs,
+        dataset=DatasetRead(data.name, data.folder, data.profile),
         swept=False,
     ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
         model = build_gpt(model_cfg).to(resolve_device(cfg.train.device))
-        print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data['train'])} windows")
+        print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data.train)} windows")
         clock.lap("setup")
         loss_fn = language_model_loss(cfg.train.loss_kernel)
-        initial = split_losses(model, data, cfg.train, loss_fn)
+        initial = split_losses(model, data.scored, cfg.train, loss_fn)
         clock.lap("initial_losses")
         print(f"before training: train loss {initial['train_loss']:.3f}, val loss {initial['val_loss']:.3f}")
         stage.tracker.log_values(initial, "initial", step=0)
@@ -80,11 +84,13 @@ def run(params: Params) -> None:
             print(f"epoch {epoch} sample: {text!r}")
             return {"sample": text}
 
-        result = stage.fit(model, data["train"], data["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end)
+        result = stage.fit(
+            model, data.train, data.scored["val"], cfg.train, loss_fn, on_epoch_end=on_epoch_end
+        )
         clock.lap("training")
         if not stage.main:  # another torchrun process: rank 0 writes the outputs
             return
-        final = split_losses(model, data, cfg.train, loss_fn)
+        final = split_losses(model, data.scored, cfg.train, loss_fn)
         clock.lap("final_losses")
         metrics = {
             **{f"initial_{name}": value for name, value in initial.items()},
@@ -95,15 +101,14 @@ def run(params: Params) -> None:
             "last_eval_val_loss": result.history[-1]["val_loss"],
         }
         counts = {"steps": result.steps, "epochs": len(result.epochs), "tokens_seen": result.seen}
+        report_throughput(stage, model, result.seen_per_second, cfg.train.precision)
         samples = (f"epoch {row['epoch']} (step {row['step']}):\n{row['sample']}" for row in result.epochs)
         stage.tracker.log_text("\n\n".join(samples), "pretrain/samples.txt")
         stage.publish(
             model,
             PRETRAIN_MODEL,
             {"stage": STAGE, "params": flatten(cfg, "pretrain"), "metrics": metrics, "counts": counts},
-            Reports(
-                REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS), figure_file="loss.png"
-            ),
+            Reports(REPORT_DIR, metrics, counts, losses(params, result.history), figure_file="loss.png"),
             result,
             kind="pretrain",
             model_defaults={
@@ -118,6 +123,28 @@ def run(params: Params) -> None:
         stage.tracker.log_dict(timings, "pretrain/stage_seconds.json")
         print(f"seconds by phase: {json.dumps(timings)}", file=sys.stderr)
     print(json.dumps(metrics | counts, indent=2, sort_keys=True))
+
+
+def report_throughput(
+    stage: TrainingRun, model: GPTModel, tokens_per_second: float, precision: Precision
+) -> None:
+    """Print the training's tokens/s, and tag its MFU where the device's peak is known (no metric:
+    it varies run to run, as the tokens/s tag beside it)."""
+    device = next(model.parameters()).device
+    peak = peak_flops(device, resolve_precision(device, precision))
+    parameters = sum(p.numel() for p in model.parameters())
+    utilisation = mfu(tokens_per_second, flops_per_token(model.cfg, parameters), peak)
+    if utilisation is not None:
+        stage.tracker.set_tags({"gptlab.mfu": f"{utilisation:.4f}"})
+    shown = "" if utilisation is None else f", MFU {utilisation:.1%}"
+    print(f"training: {tokens_per_second:,.0f} tokens/s{shown}", file=sys.stderr)
+
+
+def losses(params: Params, history: list[dict[str, float]]) -> pd.DataFrame:
+    """losses.csv: the book's columns; a corpus's also the validation perplexity."""
+    if params.corpus.name == "verdict":
+        return loss_table(history, LOSS_COLUMNS)
+    return loss_table(with_perplexity(history), [*LOSS_COLUMNS, "val_perplexity"])
 
 
 def split_losses(

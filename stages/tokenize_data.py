@@ -4,7 +4,9 @@ Reads the download stage's files from data.raw_dir and writes under
 data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy},
 instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
-report). Counts, lengths and class balance go to
+report); with corpus.name gutenberg, also the books as token shards,
+gutenberg/{train,val}-NNNNN.bin and books.json (corpus_shards.py).
+Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
 and to the stage's MLflow run as `counts.*` params; the three raw datasets are
 the run's inputs, with their DVC content hash and split sizes.
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.data import instruct, preference, spam, verdict
+from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
+from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
@@ -48,11 +52,16 @@ def run(params: Params) -> None:
         raise FileNotFoundError(
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
+    corpus = params.corpus.gutenberg
+    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
+    books_dir = Path(params.data.raw_dir) / corpus.path
+    require_books(books, books_dir)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
         "data.processed_dir": params.data.processed_dir,
         **flatten(cfg, "tokenize"),
+        **(flatten(params.corpus, "corpus") if books else {}),
     }
     with stage_run(
         "tokenize", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
@@ -86,6 +95,18 @@ def run(params: Params) -> None:
             test_frac=cfg.preference.test_frac,
             max_records=cfg.preference.max_records,
         )
+        if books:
+            metrics["gutenberg"] = tokenize_books(
+                books,
+                books_dir,
+                processed_dir / "gutenberg",
+                tokenizer,
+                val_every=corpus.val_every,
+                shard_tokens=corpus.shard_tokens,
+            )
+            sizes = _split_sizes(metrics["gutenberg"])
+            tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
+            tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):

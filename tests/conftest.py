@@ -14,7 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_GPT, MlflowServer, cache_dir, inputs_dir
+from helpers import (
+    PROJECT_ROOT,
+    TINY_GPT,
+    MlflowServer,
+    cache_dir,
+    committed_params,
+    gutenberg_inputs,
+    inputs_dir,
+)
+
+# A few real Gutenberg books for the corpus tests (~1.1 MB): three with Project Gutenberg's
+# START/END markers, and one without.
+TEST_BOOKS = (
+    "alcott-louisa-may--a-garland-for-girls.txt",
+    "alcott-louisa-may--a-modern-cinderella-or-the-little-old-shoe-and-other-stories.txt",
+    "alger-horatio-jr--a-boys-fortune-or-the-strange-adventures-of-ben-baker.txt",
+    "shakespeare-william--antony-and-cleopatra.txt",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,6 +68,20 @@ def tokenizer(shared_data: Path):
     from gptlab.model.tokenizer import load_tokenizer
 
     return load_tokenizer(shared_data)
+
+
+@pytest.fixture(scope="session")
+def gutenberg_books() -> list:
+    """TEST_BOOKS, in the committed list's order, fetched into the tests' cache (see gutenberg_inputs)."""
+    from gptlab.data.gutenberg import read_book_list
+
+    books = [
+        b
+        for b in read_book_list(PROJECT_ROOT / committed_params().corpus.gutenberg.books)
+        if b.file in TEST_BOOKS
+    ]
+    gutenberg_inputs(books)
+    return books
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ import yaml
 
 from gptlab.cli.ui_server import NO_JOB_RUNNER
 from gptlab.data.config import Sources
-from gptlab.data.fetch import MIRROR_ENV, FetchError, mirror_dir
+from gptlab.data.fetch import MIRROR_ENV, FetchError, fetch, mirror_dir
+from gptlab.data.gutenberg import Book
 from gptlab.data.inputs import data_inputs, fetch_input
 from gptlab.experiments.dvc_commands import ask_dvc
 from gptlab.experiments.profiles import dvc_executable
@@ -164,6 +165,37 @@ def _fetch_once() -> Path:
     return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
 
 
+def gutenberg_inputs(books: list[Book]) -> Path:
+    """These Gutenberg books in the tests' cache at corpus.gutenberg.path, laid out like a mirror.
+
+    The pipeline's own fetch, as for the other inputs: kept when already there, else copied
+    from GPTLAB_MIRROR, else downloaded; a book that cannot be had fails the test in one line.
+    Returns the cache (a mirror folder for the download stage).
+    """
+    folder = cache_dir() / committed_params().corpus.gutenberg.path
+    for book in books:
+        mirror_file = (
+            USER_MIRROR / committed_params().corpus.gutenberg.path / book.file if USER_MIRROR else None
+        )
+        try:
+            fetch(
+                folder / book.file,
+                url=book.url,
+                sha256=book.sha256,
+                mirror_file=mirror_file,
+                size=book.bytes,
+                progress=False,
+            )
+        except (FetchError, OSError) as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            pytest.fail(
+                f"test input {book.file} ({book.url}) is missing: {reason}. Without internet, set "
+                f"{MIRROR_ENV} to a folder holding it at {folder.relative_to(cache_dir()) / book.file}.",
+                pytrace=False,
+            )
+    return cache_dir()
+
+
 @dataclass
 class Disk:
     """A folder on a disk that runs out: `reason` is what the system says when it does."""
@@ -233,12 +265,12 @@ def flip_tensor_bits(weights: Path, name: str) -> None:
 
 
 def copy_code(dest: Path) -> None:
-    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/) copied into `dest`."""
+    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", ".gitignore"):
         shutil.copy2(PROJECT_ROOT / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "stages"):
+    for name in ("src", "stages", "corpora"):
         shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=ignore)
 
 

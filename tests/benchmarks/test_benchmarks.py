@@ -81,3 +81,35 @@ def test_bench_generate_tiny_prints_every_variant_with_the_same_tokens() -> None
     )
     assert quality is not None, result.stdout
     assert 0 <= int(quality[1]) <= 16 and 0 < float(quality[2]) < 1
+
+
+@pytest.mark.slow
+def test_bench_corpus_pretrain_tiny_prints_every_variant() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_corpus_pretrain.py",
+            "--tiny",
+            "--book",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    table = result.stdout[result.stdout.index("variant") :].splitlines()[1:]
+    names = [
+        "ours, corpus (memory-mapped shards)",
+        "ours, Verdict path (ids in memory)",
+        "book (speed bonus, bf16 weights)",
+    ]
+    assert [row[:38].rstrip() for row in table] == names, result.stdout
+    for row in table:
+        seconds, tokens_per_second = (float(v.replace(",", "")) for v in row[38:].split()[:2])
+        assert seconds > 0 and tokens_per_second > 0, row
+    assert table[-1].split()[-3] == "1.00x"  # the book is the baseline

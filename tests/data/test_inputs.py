@@ -26,6 +26,7 @@ from gptlab.data.inputs import data_inputs
 
 from helpers import (
     CACHE_ENV,
+    PROJECT_ROOT,
     cache_dir,
     closed_url,
     committed_params,
@@ -228,6 +229,27 @@ def test_mirror_command_writes_a_folder_that_serves_as_gptlab_mirror(
     # On the offline machine: with every URL refused, the folder supplies every input.
     cache = fetch_test_inputs(pointed_at(closed_url()), tmp_path / "cache", mirror=out)
     assert files_under(cache) == files_under(out)
+
+
+def test_mirror_command_with_a_gutenberg_profile_writes_its_books_too(
+    shared_data: Path, gutenberg_books: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPTLAB_MIRROR", str(shared_data))
+    books = str(PROJECT_ROOT / committed_params().corpus.gutenberg.books)
+    corpus = {"name": "gutenberg", "gutenberg": {"books": books, "books_per_author": 2, "max_books": 3}}
+    profile = tmp_path / "three-books.yaml"
+    profile.write_text(yaml.safe_dump({"corpus": corpus}), encoding="utf-8")
+    out = tmp_path / "offline"
+
+    params = _committed_params_file(tmp_path)
+    assert (
+        gptlab_main(["mirror", str(out), "--no-weights", "--params", str(params), "--profile", str(profile)])
+        == 0
+    )
+    folder = out / committed_params().corpus.gutenberg.path
+    assert sorted(p.name for p in folder.iterdir()) == sorted(b.file for b in gutenberg_books[:3])
+    for book in gutenberg_books[:3]:
+        assert sha256_file(folder / book.file) == book.sha256
 
 
 def test_mirror_command_writes_weights_at_gpt2_weights_name_filename(

@@ -307,6 +307,11 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ),
         ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
         ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
+        ("corpus.name", "wikipedia", "corpus.name: expected one of ['verdict', 'gutenberg']"),
+        ("corpus.gutenberg.max_books", 1, "corpus.gutenberg.max_books: expected an integer of at least 2"),
+        ("corpus.gutenberg.books_per_author", 0, "corpus.gutenberg.books_per_author: expected a positive"),
+        ("corpus.gutenberg.val_every", 1, "corpus.gutenberg.val_every: expected an integer of at least 2"),
+        ("corpus.gutenberg.shard_tokens", 0, "corpus.gutenberg.shard_tokens: expected a positive integer"),
         ("pretrain.train.eval_in_one_pass", True, "pretrain.train.eval_in_one_pass: needs rng: per_epoch"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, gutenberg_inputs
 
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
@@ -137,3 +138,48 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     runs = [r for r in smoke_runs if r.data.tags.get("gptlab.stage") == "pretrain"]
     assert [r.data.tags.get("gptlab.dvc_exp") for r in runs] == ["tiny-check"]
     assert runs[0].data.params["pretrain.model.emb_dim"] == "64"  # the profile's tiny model
+
+
+@pytest.mark.slow
+def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
+    tmp_path: Path, shared_data: Path, isolated_tools: str
+) -> None:
+    """The gutenberg-smoke profile as users run it, through pretrain: its books from the mirror, shards, a token budget."""
+    from gptlab.data.gutenberg import corpus_books
+    from gptlab.experiments.profiles import profile_params
+
+    profile = PROJECT_ROOT / "profiles" / "gutenberg-smoke.yaml"
+    params = profile_params(profile, PROJECT_ROOT / "params.yaml")
+    gutenberg = params.corpus.gutenberg
+    gutenberg_inputs(corpus_books(dataclasses.replace(gutenberg, books=str(PROJECT_ROOT / gutenberg.books))))
+    project = tmp_path / "project"
+    copy_project(project)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    gptlab = Path(sys.executable).with_name("gptlab")
+    proc = subprocess.run(
+        [str(gptlab), "run", "--profile", "gutenberg-smoke", "--name", "gutenberg-check", "pretrain"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (run,) = [
+        r
+        for r in pipeline_runs(isolated_tools, "gptlab-gutenberg-smoke")
+        if r.data.tags.get("gptlab.stage") == "pretrain"
+    ]
+    assert run.data.tags["gptlab.tokens_seen"] == str(params.pretrain.train.max_tokens)
+    assert run.data.tags["gptlab.steps"] == "40"
+    (dataset,) = run.inputs.dataset_inputs
+    profile_of = json.loads(dataset.dataset.profile)
+    assert dataset.dataset.name == "gutenberg" and profile_of["books"] == gutenberg.max_books
+    assert run.data.metrics["final/val_loss"] < run.data.metrics["initial/val_loss"]

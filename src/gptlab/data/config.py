@@ -1,9 +1,10 @@
-"""The data params: the pinned inputs (`data`), the splits the tokenize stage makes, and OpenAI's weights."""
+"""The data params: the pinned inputs (`data`), the corpus pretrain reads (`corpus`), the splits the tokenize stage makes, and OpenAI's weights."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gptlab.schema import ConfigError, is_sha256, require
 
@@ -46,6 +47,49 @@ class DataConfig:
         """GPT-2's vocab.bpe and encoder.json as the download stage leaves them."""
         raw = Path(self.raw_dir)
         return raw / self.sources.gpt2_vocab_bpe.path, raw / self.sources.gpt2_encoder_json.path
+
+
+@dataclass(frozen=True)
+class GutenbergCorpus:
+    """Project Gutenberg books (the chapter 5 bonus), pinned one by one in a committed list.
+
+    `books` is that list (a TSV of file, bytes, sha256, url); `path` is the books' folder under
+    data.raw_dir and in a mirror folder. The books taken are the list's, in its order, at most
+    `books_per_author` per author, then the first `max_books`; every `val_every`-th of them is
+    held out for validation (the last one when fewer are taken).
+    """
+
+    books: str
+    path: str
+    books_per_author: int | None
+    max_books: int | None
+    val_every: int
+    shard_tokens: int
+
+    def __post_init__(self) -> None:
+        require(
+            self.books_per_author is None or self.books_per_author > 0,
+            "books_per_author",
+            f"expected a positive integer or null, got {self.books_per_author}",
+        )
+        # One book to train on and one to validate on, at the least.
+        require(
+            self.max_books is None or self.max_books >= 2,
+            "max_books",
+            f"expected an integer of at least 2 (one training and one validation book) or null, got {self.max_books}",
+        )
+        require(self.val_every >= 2, "val_every", f"expected an integer of at least 2, got {self.val_every}")
+        require(
+            self.shard_tokens > 0, "shard_tokens", f"expected a positive integer, got {self.shard_tokens}"
+        )
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """What pretrain trains on: The Verdict (chapter 5, the default) or the Gutenberg books."""
+
+    name: Literal["verdict", "gutenberg"]
+    gutenberg: GutenbergCorpus
 
 
 @dataclass(frozen=True)

@@ -81,11 +81,13 @@ def fetch(
     mirror_file: Path | None = None,
     member: str | None = None,
     size: int | None = None,
+    progress: bool = True,
 ) -> Fetched:
     """Make sure `dest` holds the file pinned by `sha256` (and `size`), and say where it came from.
 
     `member` names the one file to extract when `url` serves a zip archive
-    (mirrors hold the extracted file). Raises FetchError when no source works.
+    (mirrors hold the extracted file); `progress` shows the download's own bar (off where
+    a caller fetches many files under one). Raises FetchError when no source works.
     """
     dest = Path(dest)
     pin = _Pin(dest, url, sha256.lower(), size, mirror_file)
@@ -99,7 +101,7 @@ def fetch(
     if local is not None:
         return local
     try:
-        _download(pin, member)
+        _download(pin, member, progress)
     except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, zlib.error) as exc:
         raise pin.error(f"download failed: {type(exc).__name__}: {exc}") from exc
     return Fetched(dest, "url", dest.stat().st_size)
@@ -235,20 +237,20 @@ def _copy(
     return digest.hexdigest(), written
 
 
-def _download(pin: _Pin, member: str | None) -> None:
+def _download(pin: _Pin, member: str | None, progress: bool) -> None:
     """Download `pin.url` with a progress bar; from a zip, extract only `member`."""
     request = urllib.request.Request(pin.url, headers={"User-Agent": _USER_AGENT})
     with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
         length = response.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None
         if member is None:
-            pin.publish(response, f"the download from {pin.url}", total=total, progress=True)
+            pin.publish(response, f"the download from {pin.url}", total=total, progress=progress)
             return
         # The archive itself is scratch: kept beside dest only until the member is out.
         with pin.temp_file() as archive:
             with archive.open("wb") as out:
                 name = PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(pin.url).path)).name
-                _copy(response, out, desc=name, total=total, progress=True)
+                _copy(response, out, desc=name, total=total, progress=progress)
             _extract_member(pin, archive, member)
 
 

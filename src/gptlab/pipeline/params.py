@@ -13,7 +13,7 @@ from typing import Literal
 
 import yaml
 
-from gptlab.data.config import DataConfig, HFWeights, TokenizeConfig
+from gptlab.data.config import CorpusConfig, DataConfig, HFWeights, TokenizeConfig
 from gptlab.files import require_file
 from gptlab.model.config import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelSpec, SampleConfig
 from gptlab.schema import MAX_BATCH_SIZE, ConfigError, build, read_yaml, require, require_count
@@ -28,10 +28,18 @@ PARAMS_FILE = Path("params.yaml")
 class PretrainData:
     max_length: int
     stride: int
+    # Each split's losses are scored on this many windows, spread evenly over it (a corpus's
+    # fixed sample); null: every window, as the book.
+    eval_windows: int | None = None
 
     def __post_init__(self) -> None:
         require(self.max_length > 0, "max_length", f"expected a positive integer, got {self.max_length}")
         require(self.stride > 0, "stride", f"expected a positive integer, got {self.stride}")
+        require(
+            self.eval_windows is None or self.eval_windows > 0,
+            "eval_windows",
+            f"expected a positive integer or null, got {self.eval_windows}",
+        )
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class Params:
     tracking: TrackingConfig
     checkpoints: CheckpointConfig
     data: DataConfig
+    corpus: CorpusConfig
     tokenize: TokenizeConfig
     pretrain: PretrainConfig
     eval: EvalConfig

@@ -43,11 +43,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DatasetRead:
-    """A dataset a stage trains on, as its MLflow run records it: name, folder, split sizes."""
+    """A dataset a stage trains on, as its MLflow run records it: name, folder, split sizes (a corpus:
+    also its book count and list digest)."""
 
     name: str
     path: Path
-    profile: Mapping[str, int]
+    profile: Mapping[str, int | str]
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,13 @@ class TrainConfig:
     # which is the book's mean of per-batch means while the batches are full and count the same
     # number of targets (pretrain, spam); a token-weighted mean where padding varies (instruct).
     eval_in_one_pass: bool = False
+    # Tokens per optimizer step over all processes: each process accumulates the gradients of
+    # global_batch_tokens / (batch_size x window x processes) micro-batches; null: one batch per
+    # process, the book's step. For fixed-length windows (pretraining).
+    global_batch_tokens: int | None = None
+    # Train for this many tokens (a token budget, the corpus's alternative to epochs; epochs repeat
+    # as needed); null: train.epochs.
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         require(self.eval_freq > 0, "eval_freq", f"expected a positive integer, got {self.eval_freq}")
@@ -90,6 +97,9 @@ class TrainConfig:
             "min_lr",
             f"expected a value in [0, lr={self.lr}] (the cosine schedule's floor), got {self.min_lr}",
         )
+        for name in ("global_batch_tokens", "max_tokens"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, f"expected a positive integer or null, got {value}")
         require(
             self.max_steps is None or self.max_steps > 0,
             "max_steps",

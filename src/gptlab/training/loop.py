@@ -12,7 +12,11 @@ reuse with another loss: AdamW, an evaluation on a few batches every
 - safety: a non-finite loss stops with an error, keeping the last good checkpoint;
 - data parallelism under `torchrun` (gptlab.training.distributed): rank r takes every
   world_size-th batch of the same epoch order, DistributedDataParallel
-  averages gradients, and only rank 0 logs, prints and saves.
+  averages gradients, and only rank 0 logs, prints and saves;
+- a global batch in tokens (`train.global_batch_tokens`): each optimizer step
+  accumulates the gradients of several micro-batches, so N processes take the
+  same steps as one process accumulating N times as many; and a token budget
+  (`train.max_tokens`) instead of epochs, for corpora read once or less.
 
 The loop logs through a `Tracker` it is handed; it knows nothing of MLflow.
 """
@@ -20,11 +24,12 @@ The loop logs through a `Tracker` it is handed; it knows nothing of MLflow.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,7 +143,8 @@ def fit(
     goes on while the caller scores and publishes; closing that stack waits for it.
     """
     tracker = tracker or Untracked()
-    run = setup_training(model, train_data, cfg, loss_fn, tracker)
+    example_seen = count_seen(next(iter(ordered_loader(train_data, 1, collate_fn))))
+    run = setup_training(model, train_data, cfg, loss_fn, tracker, example_seen)
     order = DataOrder(train_data, val_data, cfg, run.world, collate_fn)
     if order.protocol != cfg.rng and run.main:
         print(f"train.rng: {cfg.rng} needs one process; {run.world.size} use per_epoch", file=sys.stderr)
@@ -159,13 +165,13 @@ def fit(
     model.train()
     with checkpointer.saving(finish_saving):  # the last save ends on leaving the loop or with finish_saving
         while progress.steps < run.total_steps:
-            for batch in order.epoch_batches(progress):
+            for batches in micro_batches(order.epoch_batches(progress), run.accumulation):
                 step = progress.steps  # the book's global_step of this update
                 lr = learning_rate(step, cfg, run.total_steps)
-                run.train_step(batch, lr, step, checkpointer)
+                run.train_step(batches, lr, step, checkpointer)
                 progress.steps += 1
-                progress.batch += 1
-                progress.seen += distributed.all_sum(count_seen(batch))
+                progress.batch += len(batches)
+                progress.seen += distributed.all_sum(sum(count_seen(batch) for batch in batches))
                 bar.update(1)
                 clock.lap("step")
                 if step % cfg.eval_freq == 0:
@@ -205,21 +211,34 @@ class TrainingSetup:
     optimizer: torch.optim.Optimizer
     loss_fn: LossFn
     step_loss: LossFn  # loss_fn, compiled with train.compile (eager if compiling fails)
-    batches_per_epoch: int
+    accumulation: int  # micro-batches per optimizer step on each process (1: the book's step)
+    batches_per_epoch: int  # micro-batches per epoch on each process, a multiple of accumulation
     total_steps: int
 
     @property
     def main(self) -> bool:
         return self.world.rank == 0
 
-    def train_step(self, batch: Any, lr: float, step: int, checkpointer: Checkpointer) -> None:
-        """One optimizer step at `lr`; a non-finite loss stops every rank, naming the last good save."""
+    def train_step(self, batches: list[Any], lr: float, step: int, checkpointer: Checkpointer) -> None:
+        """One optimizer step at `lr` on the mean loss of `batches` (one: the book's step).
+
+        Each micro-batch's gradient is accumulated as it goes (its activations freed);
+        DDP averages over processes once, at the last one. A non-finite loss stops every
+        rank, naming the last good save.
+        """
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast(self.device, self.cfg.precision):
-            loss = loss_terms(self.step_loss(self.ddp_model, to_device(batch, self.device)))["loss"]
-        value = distributed.all_mean(loss.item())  # every rank stops together on a non-finite loss
+        total = 0.0
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            syncing = last or not isinstance(self.ddp_model, DistributedDataParallel)
+            with nullcontext() if syncing else self.ddp_model.no_sync():
+                with autocast(self.device, self.cfg.precision):
+                    loss = loss_terms(self.step_loss(self.ddp_model, to_device(batch, self.device)))["loss"] / len(batches)
+                loss.backward()
+            total += loss.detach()
+        value = distributed.all_mean(float(total))  # every rank stops together on a non-finite loss
         if not math.isfinite(value):
             newest = checkpointer.newest()
             kept = f"the last good checkpoint is {newest}" if newest else "no checkpoint was saved yet"
@@ -227,7 +246,6 @@ class TrainingSetup:
                 f"training loss is {value} at step {step}: stopping ({kept}). "
                 "Lower train.lr, set train.grad_clip, or use precision fp32, then rerun."
             )
-        loss.backward()
         if self.cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         self.optimizer.step()
@@ -252,9 +270,18 @@ class TrainingSetup:
 
 
 def setup_training(
-    model: GPTModel, train_data: Dataset, cfg: TrainConfig, loss_fn: LossFn, tracker: Tracker
+    model: GPTModel,
+    train_data: Dataset,
+    cfg: TrainConfig,
+    loss_fn: LossFn,
+    tracker: Tracker,
+    example_seen: int = 1,
 ) -> TrainingSetup:
-    """Join torchrun's process group, place the model, wrap it for DDP, build AdamW, compile the step."""
+    """Join torchrun's process group, place the model, wrap it for DDP, build AdamW, compile the step.
+
+    `example_seen` is what one example counts as seen (a window's tokens): it turns the global
+    batch and the token budget into micro-batches and steps.
+    """
     world = distributed.setup()
     device = resolve_device(cfg.device)
     precision = use_precision(device, cfg.precision)
@@ -271,8 +298,18 @@ def setup_training(
         )
     examples = len(train_data)  # type: ignore[arg-type]
     require_one_batch(examples, cfg.batch_size, processes=world.size)
-    batches_per_epoch = examples // cfg.batch_size // world.size
-    total_steps = cfg.epochs * batches_per_epoch
+    accumulation = accumulation_steps(cfg, world.size, example_seen)
+    batches = examples // cfg.batch_size // world.size
+    if batches < accumulation:
+        raise InputError(
+            f"the training data has {batches} batches per process, fewer than the {accumulation} "
+            "micro-batches of one train.global_batch_tokens step: lower it or supply more data"
+        )
+    batches_per_epoch = batches - batches % accumulation
+    step_seen = example_seen * cfg.batch_size * accumulation * world.size
+    total_steps = cfg.epochs * batches_per_epoch // accumulation
+    if cfg.max_tokens is not None:
+        total_steps = math.ceil(cfg.max_tokens / step_seen)
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -288,9 +325,30 @@ def setup_training(
         loss_fn=loss_fn,
         # Only the training step is compiled: evaluation (eval mode, other shapes) would recompile.
         step_loss=CompiledOrEager(loss_fn) if cfg.compile else loss_fn,
+        accumulation=accumulation,
         batches_per_epoch=batches_per_epoch,
         total_steps=total_steps,
     )
+
+
+def accumulation_steps(cfg: TrainConfig, processes: int, example_seen: int) -> int:
+    """Micro-batches each process accumulates per optimizer step to reach train.global_batch_tokens."""
+    if cfg.global_batch_tokens is None:
+        return 1
+    micro = cfg.batch_size * example_seen * processes
+    if cfg.global_batch_tokens % micro:
+        raise InputError(
+            f"train.global_batch_tokens={cfg.global_batch_tokens} is no multiple of one micro-batch over "
+            f"all processes ({cfg.batch_size} x {example_seen} tokens x {processes}): pick a multiple of {micro}"
+        )
+    return cfg.global_batch_tokens // micro
+
+
+def micro_batches(batches: Iterator[Any], accumulation: int) -> Iterator[list[Any]]:
+    """The epoch's batches in groups of `accumulation`, one group an optimizer step (a short last one dropped)."""
+    while group := list(itertools.islice(batches, accumulation)):
+        if len(group) == accumulation:
+            yield group
 
 
 def _checkpointer(

@@ -82,8 +82,14 @@ def autocast(device: torch.device, precision: Precision) -> torch.autocast:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """The batch with every tensor moved to `device` (tuples, lists and dicts are walked)."""
+    """The batch with every tensor moved to `device` (tuples, lists and dicts are walked).
+
+    To a GPU through pinned host memory, without waiting: the copy overlaps the work queued
+    before it, and the GPU's stream orders it before the kernels that read it.
+    """
     if isinstance(batch, torch.Tensor):
+        if device.type == "cuda" and batch.device.type == "cpu":
+            return batch.pin_memory().to(device, non_blocking=True)
         return batch.to(device)
     if isinstance(batch, tuple | list):
         return type(batch)(to_device(item, device) for item in batch)
