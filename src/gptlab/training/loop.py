@@ -235,7 +235,9 @@ class TrainingSetup:
             syncing = last or not isinstance(self.ddp_model, DistributedDataParallel)
             with nullcontext() if syncing else self.ddp_model.no_sync():
                 with autocast(self.device, self.cfg.precision):
-                    loss = loss_terms(self.step_loss(self.ddp_model, to_device(batch, self.device)))["loss"] / len(batches)
+                    loss = loss_terms(self.step_loss(self.ddp_model, to_device(batch, self.device)))[
+                        "loss"
+                    ] / len(batches)
                 loss.backward()
             total += loss.detach()
         value = distributed.all_mean(float(total))  # every rank stops together on a non-finite loss
