@@ -15,6 +15,7 @@ import torch
 from gptlab.model.tokenizer import (
     END_OF_TEXT_ID,
     VOCAB_SIZE,
+    cached_encoding,
     gpt2_tokenizer,
     load_tokenizer,
     text_to_token_ids,
@@ -71,7 +72,7 @@ def test_end_of_text_and_vocabulary(tokenizer: tiktoken.Encoding) -> None:
 def test_offline_build_equals_tiktoken_gpt2(
     shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
 ) -> None:
-    gpt2_tokenizer.cache_clear()
+    cached_encoding.cache_clear()  # built here, offline, not taken from an earlier test's cache
     ours = load_tokenizer(shared_data)
     # tiktoken's own encoding, fed the same files through its cache so it needs no network either.
     cache = tmp_path / "tiktoken-cache"
@@ -94,3 +95,18 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"vocab\.bpe"):
         load_tokenizer(tmp_path / "nowhere")
+
+
+def test_a_relative_path_is_looked_up_from_the_current_folder_every_time(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage caches the encoding of `data/raw/gpt2/...`; from a folder without those files it is not found."""
+    with_files, without = tmp_path / "with", tmp_path / "without"
+    shutil.copytree(shared_data / "gpt2", with_files / "data" / "raw" / "gpt2")
+    without.mkdir()
+    relative = (Path("data/raw/gpt2/vocab.bpe"), Path("data/raw/gpt2/encoder.json"))
+    monkeypatch.chdir(with_files)
+    assert gpt2_tokenizer(*relative).n_vocab == VOCAB_SIZE
+    monkeypatch.chdir(without)
+    with pytest.raises(FileNotFoundError, match="data/raw/gpt2/vocab.bpe not found"):
+        gpt2_tokenizer(*relative)

@@ -23,7 +23,16 @@ from gptlab.schema import ConfigError, flatten
 
 from helpers import PROJECT_ROOT, committed_params, committed_params_raw, committed_params_text
 
-DVC_STAGES = ["download", "tokenize", "pretrain", "eval", "load-gpt2", "spam-finetune", "instruct-finetune"]
+DVC_STAGES = [
+    "download",
+    "tokenize",
+    "pretrain",
+    "eval",
+    "load-gpt2",
+    "spam-finetune",
+    "instruct-finetune",
+    "preference-finetune",
+]
 DELETE = object()
 
 

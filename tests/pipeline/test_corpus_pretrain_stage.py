@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from gptlab.data.token_shards import ShardWriter
-from gptlab.model.tokenizer import gpt2_tokenizer, load_tokenizer
+from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tracking.store import tracking_uri
 from stages import eval as eval_stage
@@ -21,13 +21,6 @@ from stages import pretrain as pretrain_stage
 from helpers import committed_params_raw, inputs_dir
 
 LIST_SHA256 = "ab" * 32
-
-
-@pytest.fixture(autouse=True)
-def forget_tokenizers():
-    """The stages cache GPT-2's tokenizer by its relative path (data/raw/...): later tests in other folders must not find it."""
-    yield
-    gpt2_tokenizer.cache_clear()
 
 
 def corpus_project(project: Path) -> None:

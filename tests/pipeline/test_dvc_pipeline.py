@@ -182,4 +182,4 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     (dataset,) = run.inputs.dataset_inputs
     profile_of = json.loads(dataset.dataset.profile)
     assert dataset.dataset.name == "gutenberg" and profile_of["books"] == gutenberg.max_books
-    assert run.data.metrics["final/val_loss"] < run.data.metrics["initial/val_loss"]
+    assert run.data.metrics["pretrain/final_val_loss"] < run.data.metrics["pretrain/initial_val_loss"]

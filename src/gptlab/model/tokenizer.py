@@ -24,14 +24,22 @@ VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
-@lru_cache(maxsize=4)
 def gpt2_tokenizer(vocab_bpe: Path | str, encoder_json: Path | str) -> tiktoken.Encoding:
-    """The GPT-2 encoding, identical to `tiktoken.get_encoding("gpt2")`."""
+    """The GPT-2 encoding, identical to `tiktoken.get_encoding("gpt2")`.
+
+    The files are looked for on every call and the encoding is cached by their absolute
+    paths, so a relative path read from another folder never finds a stale encoding.
+    """
     for path in (Path(vocab_bpe), Path(encoder_json)):
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} not found: run `dvc repro download` (or set GPTLAB_MIRROR) to fetch GPT-2's BPE files"
             )
+    return cached_encoding(Path(vocab_bpe).resolve(), Path(encoder_json).resolve())
+
+
+@lru_cache(maxsize=4)
+def cached_encoding(vocab_bpe: Path, encoder_json: Path) -> tiktoken.Encoding:
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(vocab_bpe),
         encoder_json_file=str(encoder_json),
