@@ -122,7 +122,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, vocab):  # type: ignore[no-untyped-def, override]
-        loss, grad_hidden, grad_weight = _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, vocab, True)
+        loss, grad_hidden, grad_weight = _LinearCrossEntropy.loss_and_grads(
+            hidden, weight, targets, vocab, True
+        )
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
