@@ -27,7 +27,7 @@ MAX_DIMS = {
     "n_layers": 256,
 }
 MAX_PARAMETERS = 4_000_000_000
-# The largest `vocab_multiple`: GPU matmul tiles are at most this wide; more rows only add work.
+# The largest `vocab_multiple` accepted: past the widths GPU matmuls tile by, padding only adds rows.
 MAX_VOCAB_MULTIPLE = 1024
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
