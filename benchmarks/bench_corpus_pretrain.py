@@ -65,11 +65,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ours(dataset: Any, model_cfg: ModelConfig, train: TrainConfig, device: torch.device) -> Timed:
-    """The loop's step on `dataset`, its batches drawn as `fit` draws them (epochs repeat as needed)."""
+def ours(
+    dataset: Any, model_cfg: ModelConfig, vocab_multiple: int | None, train: TrainConfig, device: torch.device
+) -> Timed:
+    """The loop's step on `dataset`, its batches drawn as `fit` draws them (epochs repeat as needed),
+    with the head padded as the pretrain stage pads it (`vocab_multiple`)."""
     torch.manual_seed(train.seed)
     run = setup_training(
-        build_gpt(model_cfg),
+        build_gpt(model_cfg, vocab_multiple),
         dataset,
         train,
         language_model_loss(train.loss_kernel),
@@ -143,6 +146,7 @@ def main() -> None:
     device = torch.device(args.device)
     tiny = {"context_length": 32, "emb_dim": 64, "n_layers": 2, "n_heads": 2} if args.tiny else {}
     model_cfg = dataclasses.replace(params.pretrain.model.resolve(), **tiny)
+    padding = params.pretrain.model.vocab_multiple
     train = dataclasses.replace(
         params.pretrain.train,
         device=args.device,
@@ -161,10 +165,13 @@ def main() -> None:
         # Each variant's step and the tokens it trains on.
         variants: dict[str, tuple[Timed, int]] = {
             CORPUS: (
-                ours(ShardWindows(writer.close(), context, context), model_cfg, train, device),
+                ours(ShardWindows(writer.close(), context, context), model_cfg, padding, train, device),
                 step_tokens,
             ),
-            VERDICT: (ours(GPTDatasetV1(ids, context, context), model_cfg, train, device), step_tokens),
+            VERDICT: (
+                ours(GPTDatasetV1(ids, context, context), model_cfg, padding, train, device),
+                step_tokens,
+            ),
         }
         if args.book:
             variants[BOOK] = (book(ids, model_cfg, train.batch_size, device), train.batch_size * context)

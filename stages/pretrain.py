@@ -70,7 +70,7 @@ def run(params: Params) -> None:
     ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
-        model = build_gpt(model_cfg).to(resolve_device(cfg.train.device))
+        model = build_gpt(model_cfg, cfg.model.vocab_multiple).to(resolve_device(cfg.train.device))
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data.train)} windows")
         clock.lap("setup")
         loss_fn = language_model_loss(cfg.train.loss_kernel)

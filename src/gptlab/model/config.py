@@ -27,6 +27,8 @@ MAX_DIMS = {
     "n_layers": 256,
 }
 MAX_PARAMETERS = 4_000_000_000
+# The largest `vocab_multiple` accepted: past the widths GPU matmuls tile by, padding only adds rows.
+MAX_VOCAB_MULTIPLE = 1024
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},
@@ -122,8 +124,13 @@ class ModelSpec:
     emb_dim: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
+    # Training only: the output head padded to a multiple of this many rows (64: 50,257 to 50,304), a
+    # size GPU matmuls tile evenly; never in the loss, the samples or the checkpoint. null: unpadded.
+    vocab_multiple: int | None = None
 
     def __post_init__(self) -> None:
+        if self.vocab_multiple is not None:
+            require_count(self.vocab_multiple, "vocab_multiple", MAX_VOCAB_MULTIPLE, " or null")
         require(
             0 < self.context_length <= MAX_CONTEXT_LENGTH,
             "context_length",

@@ -16,6 +16,7 @@ from torch import nn
 
 from gptlab.model.fast_kernels import DecodeLinear
 from gptlab.model.gpt import GPTModel
+from gptlab.model.padded_vocab import PaddedVocabHead
 from gptlab.training.losses import IGNORE_INDEX, LossFn, next_token_loss
 
 # Logits per chunk: at most 2**25 fp32 values (134 MB, 640 tokens of GPT-2's vocabulary). A
@@ -44,25 +45,31 @@ def chunked_next_token_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.T
     """`next_token_loss` without materialising the logits; falls back to it where the head is not plain.
 
     The fallback covers classifier heads, LoRA-wrapped heads and models wrapped
-    by DistributedDataParallel (whose gradient hooks need its own forward).
+    by DistributedDataParallel (whose gradient hooks need its own forward). A
+    padded head (padded_vocab.py) multiplies by all its rows, and the logits of
+    the padded ones are cut off before the softmax.
     """
-    if (
-        not isinstance(model, GPTModel)
-        or type(model.out_head) not in (nn.Linear, DecodeLinear)
-        or model.out_head.bias is not None
-    ):
+    head = model.out_head if isinstance(model, GPTModel) else None
+    if type(head) not in (nn.Linear, DecodeLinear, PaddedVocabHead) or head.bias is not None:
         return next_token_loss(model, batch)
     inputs, targets = batch
     hidden = model.hidden_states(inputs).flatten(0, 1)  # (b * t, emb)
-    return linear_cross_entropy(hidden, model.out_head.weight, targets.flatten())
+    return linear_cross_entropy(hidden, head.weight, targets.flatten(), vocab=model.cfg.vocab_size)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy of logits `hidden @ weight.T` (n, vocab) against `targets` (n,), -100 skipped."""
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int | None = None
+) -> torch.Tensor:
+    """Mean cross entropy of logits `hidden @ weight.T` (n, vocab) against `targets` (n,), -100 skipped.
+
+    `vocab`: the weight's first rows that are the vocabulary (None: all); the logits of the rows
+    after them (a padded head's) are computed, for the matmuls' shapes, and go no further.
+    """
+    vocab = weight.shape[0] if vocab is None else vocab
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         with torch.no_grad():
-            return _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, want_grads=False)[0]
-    return _LinearCrossEntropy.apply(hidden, weight, targets)
+            return _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, vocab, want_grads=False)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, vocab)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -70,7 +77,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def loss_and_grads(
-        hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, want_grads: bool
+        hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, want_grads: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         device_type = hidden.device.type
         # Under autocast the matmuls run in its dtype: cast the weight and hidden states once, not per chunk.
@@ -89,7 +96,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk):
                 rows = slice(start, start + chunk)
                 h, t, keep = h_all[rows], targets[rows], kept[rows]
-                logits = _transposed_logits(h, w)  # (vocab, chunk), fp32 for the softmax
+                all_logits = _transposed_logits(h, w)  # (weight rows, chunk), fp32 for the softmax
+                logits = all_logits[:vocab]  # (vocab, chunk): a padded head's extra rows go no further
                 tokens = torch.arange(len(t), device=t.device)
                 safe_t = torch.where(keep, t, 0)
                 target_logit = logits[safe_t, tokens]
@@ -103,7 +111,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 # d loss / d logits = (softmax - one_hot(target)) / kept tokens, zero on skipped rows.
                 probs = exps.mul_(keep / (sums * denominator))
                 probs.index_put_((safe_t, tokens), keep / -denominator, accumulate=True)
-                probs = probs.to(dtype)
+                all_logits[vocab:] = 0  # the padded rows' gradient: none (their weights stay zero)
+                probs = all_logits.to(dtype)  # (weight rows, chunk): probs, then the zeros
                 grad_hidden[rows] = probs.t() @ w  # type: ignore[index]
                 _weight_gradient(probs, h, into=grad_weight, accumulate=start > 0)  # type: ignore[arg-type]
         loss = torch.where(count > 0, total / denominator, torch.nan)  # as F.cross_entropy: nan for none kept
@@ -112,8 +121,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss, grad_hidden, grad_weight.to(weight.dtype)  # type: ignore[union-attr]
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets):  # type: ignore[no-untyped-def, override]
-        loss, grad_hidden, grad_weight = _LinearCrossEntropy.loss_and_grads(hidden, weight, targets, True)
+    def forward(ctx, hidden, weight, targets, vocab):  # type: ignore[no-untyped-def, override]
+        loss, grad_hidden, grad_weight = _LinearCrossEntropy.loss_and_grads(
+            hidden, weight, targets, vocab, True
+        )
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
@@ -123,8 +134,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # The usual loss.backward() passes 1: no (vocab, emb) copy to scale by it. Compiled code
         # scales always, since reading the value would break torch.compile's graph.
         if not torch.compiler.is_compiling() and grad_output.item() == 1.0:
-            return grad_hidden, grad_weight, None
-        return grad_hidden * grad_output, grad_weight * grad_output, None
+            return grad_hidden, grad_weight, None, None
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None
 
 
 def _chunk_tokens(vocab: int) -> int:
