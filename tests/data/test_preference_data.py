@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gptlab.data.preference import (
-    PreferenceDataset,
-    load_split,
-    preference_collate,
-    prepare,
-    read_json_records,
-)
+from gptlab.data.instruct import read_records
+from gptlab.data.preference import FIELDS, PreferenceDataset, load_split, preference_collate, prepare
 from gptlab.errors import InputError
 
 PAD = 50256
@@ -22,7 +17,7 @@ SOURCE = "instruction-data-with-preference.json"
 
 @pytest.fixture(scope="module")
 def records(shared_data: Path) -> list[dict[str, str]]:
-    return read_json_records(shared_data / SOURCE)
+    return read_records(shared_data / SOURCE, FIELDS)
 
 
 def test_split_in_file_order_as_the_notebook(records, tmp_path: Path, shared_data: Path) -> None:
@@ -66,4 +61,4 @@ def test_a_record_without_an_answer_is_refused_naming_it(tmp_path: Path) -> None
     path = tmp_path / "pairs.json"
     path.write_text(json.dumps([{"instruction": "a", "input": "", "output": "b", "chosen": "c"}]))
     with pytest.raises(InputError, match=r"pairs.json: record 0 must have string fields .*rejected"):
-        read_json_records(path)
+        read_records(path, FIELDS)

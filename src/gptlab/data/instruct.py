@@ -41,21 +41,23 @@ def format_prompt(entry: dict[str, str]) -> str:
     return format_input(entry) + RESPONSE_HEADER
 
 
-def validate_records(records: Any, source: Path | str) -> list[dict[str, str]]:
-    """The records as {instruction, input, output} string dicts; a ValueError names the first bad one."""
+def validate_records(
+    records: Any, source: Path | str, fields: tuple[str, ...] = FIELDS
+) -> list[dict[str, str]]:
+    """The records as string dicts of `fields` (chapter 7's three by default); an InputError names the first bad one."""
     if not isinstance(records, list):
         raise InputError(f"{source}: expected a JSON list of records, got {type(records).__name__}")
     clean = []
     for i, record in enumerate(records):
-        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in FIELDS):
+        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in fields):
             raise InputError(
-                f"{source}: record {i} must have string fields {list(FIELDS)}, got {record!r:.200}"
+                f"{source}: record {i} must have string fields {list(fields)}, got {record!r:.200}"
             )
-        clean.append({f: record[f] for f in FIELDS})
+        clean.append({f: record[f] for f in fields})
     return clean
 
 
-def read_records(path: Path | str) -> list[dict[str, str]]:
+def read_records(path: Path | str, fields: tuple[str, ...] = FIELDS) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `dvc repro download` (or set GPTLAB_MIRROR)")
@@ -63,7 +65,7 @@ def read_records(path: Path | str) -> list[dict[str, str]]:
         records = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
-    return validate_records(records, path)
+    return validate_records(records, path, fields)
 
 
 def split_records(

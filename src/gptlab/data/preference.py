@@ -14,13 +14,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import tiktoken
 import torch
 from torch.utils.data import Dataset
 
-from gptlab.data.instruct import RESPONSE_HEADER, SPLITS, format_input, split_records
+from gptlab.data.instruct import (
+    RESPONSE_HEADER,
+    SPLITS,
+    format_input,
+    read_records,
+    split_records,
+    validate_records,
+)
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.model.tokenizer import END_OF_TEXT_ID
@@ -30,30 +36,6 @@ FIELDS = ("instruction", "input", "output", "chosen", "rejected")
 ANSWERS = ("chosen", "rejected")
 # The notebook's cut: the prompt's tokens and the "\n\n" before "### Response:" (two tokens) leave the mask.
 PROMPT_MASK_EXTRA = 2
-
-
-def validate_records(records: Any, source: Path | str) -> list[dict[str, str]]:
-    """The records as string dicts of FIELDS; an InputError names the first bad one."""
-    if not isinstance(records, list):
-        raise InputError(f"{source}: expected a JSON list of records, got {type(records).__name__}")
-    clean = []
-    for i, record in enumerate(records):
-        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in FIELDS):
-            raise InputError(
-                f"{source}: record {i} must have string fields {list(FIELDS)}, got {record!r:.200}"
-            )
-        clean.append({f: record[f] for f in FIELDS})
-    return clean
-
-
-def read_json_records(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `dvc repro download` (or set GPTLAB_MIRROR)")
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from exc
-    return validate_records(records, path)
 
 
 def split_path(processed_dir: Path | str, split: str) -> Path:
@@ -67,7 +49,7 @@ def load_split(processed_dir: Path | str, split: str) -> list[dict[str, str]]:
     path = split_path(processed_dir, split)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `dvc repro tokenize` first")
-    return validate_records(json.loads(path.read_text(encoding="utf-8")), path)
+    return validate_records(json.loads(path.read_text(encoding="utf-8")), path, FIELDS)
 
 
 def prepare(
@@ -79,7 +61,7 @@ def prepare(
     max_records: int | None = None,
 ) -> dict[str, int]:
     """Split the records in file order (chapter 7's split) and save each split; returns their sizes."""
-    records = read_json_records(Path(records_path))
+    records = read_records(records_path, FIELDS)
     splits = split_records(records, train_frac=train_frac, test_frac=test_frac, max_records=max_records)
     for name, part in splits.items():
         with atomic_path(split_path(processed_dir, name)) as tmp:
