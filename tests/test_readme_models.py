@@ -3,7 +3,8 @@
 The commands are read from the README's console block (`$ ` lines, each followed by its stdout),
 so editing the README changes what runs here. They need a smoke run's workspace: the one CI's
 smoke run left ($GPTLAB_TEST_SMOKE_WORKSPACE, set by .ci/run), else the project's own
-.gptlab/smoke after a `gptlab smoke`; without either the test is skipped. A probability may
+.gptlab/smoke after a `gptlab smoke`; without either the test makes one with `gptlab smoke`
+(a few minutes, once per session; hence `slow`). A probability may
 move in its last digits with the machine's kernels: it is compared within PROBABILITY_SLACK,
 the labels and texts exactly.
 """
@@ -39,10 +40,25 @@ def readme_examples() -> list[tuple[str, list[str]]]:
     return [(command, out) for command, out in examples if f"{SMOKE_WORKSPACE}/models/" in command]
 
 
-def smoke_workspace() -> Path | None:
+@pytest.fixture(scope="session")
+def smoke_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smoke run's workspace with its models: the one named or the project's, else a new one."""
     given = os.environ.get(WORKSPACE_ENV)
     found = Path(given) if given else PROJECT_ROOT / SMOKE_WORKSPACE
-    return found if (found / "models" / "spam" / "config.json").is_file() else None
+    if (found / "models" / "spam" / "config.json").is_file():
+        return found
+    made = tmp_path_factory.mktemp("smoke") / "workspace"
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{made.parent / 'mlflow.db'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gptlab.cli.main", "smoke", "--no-check", "--workdir", str(made)],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return made
 
 
 def test_the_readme_shows_a_spam_and_a_chat_example() -> None:
@@ -58,17 +74,15 @@ def same_line(printed: str, shown: str) -> bool:
     return printed == shown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command,shown", readme_examples(), ids=lambda v: v.split()[1] if isinstance(v, str) else ""
 )
 def test_the_readme_smoke_model_examples_print_what_it_shows(
-    command: str, shown: list[str], tmp_path: Path
+    command: str, shown: list[str], tmp_path: Path, smoke_workspace: Path
 ) -> None:
-    workspace = smoke_workspace()
-    if workspace is None:
-        pytest.skip(f"no smoke run's models: run `gptlab smoke` first, or set ${WORKSPACE_ENV}")
     (tmp_path / SMOKE_WORKSPACE).parent.mkdir()
-    (tmp_path / SMOKE_WORKSPACE).symlink_to(workspace.resolve())
+    (tmp_path / SMOKE_WORKSPACE).symlink_to(smoke_workspace.resolve())
     program, *args = shlex.split(command)
     assert program == "gptlab"
     done = subprocess.run(
