@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _book_list_input(corpus: CorpusConfig) -> list[PinnedInput]:
     """The Gutenberg book list, for a corpus that takes its books; none for The Verdict."""
+    # once the command runs, as in `run`: keeps `gptlab --help` fast
     from gptlab.data.fetch import safe_relative_path
     from gptlab.data.inputs import PinnedInput
 
