@@ -1,5 +1,8 @@
 """Stage `pretrain`: GPT-2 trained from random weights on The Verdict (chapter 5) or a corpus.
 
+With pretrain.init other than random it continues pretraining instead: from OpenAI's GPT-2
+(a name), a model folder or a models:/NAME/VERSION URI (gptlab.pipeline.init_model).
+
 Reads the tokenize stage's data/processed/verdict/{train,val}.npy (corpus.name verdict)
 or the corpus's token shards, data/processed/gutenberg/{train,val}-*.bin, and writes
 the model to models/pretrain/ (its config and final metrics travel with it),
@@ -30,6 +33,7 @@ from gptlab.model.generate import generate_text
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import PRETRAIN_MODEL, REPORTS
+from gptlab.pipeline.init_model import initial_model
 from gptlab.pipeline.params import Params
 from gptlab.pipeline.pretrain_data import pretrain_windows, with_perplexity
 from gptlab.pipeline.training_stage import DatasetRead, Reports, TrainingRun, loss_table, training_run
@@ -59,18 +63,25 @@ def run(params: Params) -> None:
     require_one_batch(len(data.train), cfg.train.batch_size, "pretrain.train.batch_size")
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     corpus = {} if params.corpus.name == "verdict" else flatten(params.corpus, "corpus")
+    init = initial_model(params)  # None: the book's random weights; else a checkpoint that fits the params
+    started = {} if init is None else {"init_sha256": init.sha256}
     with training_run(
         STAGE,
         params,
         logged={"data.processed_dir": params.data.processed_dir, **flatten(cfg, "pretrain"), **corpus},
-        fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict(), **corpus},
+        fingerprint={"pretrain": flatten(cfg), "model": model_cfg.to_dict(), **corpus, **started},
         inputs=data.inputs,
         dataset=DatasetRead(data.name, data.folder, data.profile),
+        upstream=None if init is None else init.upstream,
         swept=False,
     ) as stage:
         # The book's order: seed, then build the model, so its initial weights are the book's.
         torch.manual_seed(cfg.train.seed)
-        model = build_gpt(model_cfg, cfg.model.vocab_multiple).to(resolve_device(cfg.train.device))
+        model = build_gpt(model_cfg, cfg.model.vocab_multiple)
+        if init is not None:  # continued pretraining: the same draws, then the checkpoint's weights
+            init.load_into(model)
+            stage.tracker.set_tags(init.tags())
+        model = model.to(resolve_device(cfg.train.device))
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data.train)} windows")
         clock.lap("setup")
         loss_fn = language_model_loss(cfg.train.loss_kernel)

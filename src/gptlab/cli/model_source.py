@@ -1,9 +1,7 @@
 """`--model` of `gptlab classify` / `gptlab chat`: a checkpoint folder, or a model logged in MLflow.
 
-A value starting with `models:/` (models:/gptlab-spam@champion, models:/gptlab-spam/3,
-models:/<model_id>) or `runs:/` names a model in the tracking store (MLFLOW_TRACKING_URI,
-else the project's mlflow.db): its artifacts are downloaded into a temporary folder and
-the checkpoint and GPT-2's BPE files that the model carries are used from there.
+The value is resolved by gptlab.tracking.model_source (a `models:/` or `runs:/` URI is
+downloaded from the tracking store), which the pretrain stage's `pretrain.init` shares.
 
 `find_model` is what both commands call: the model, or a message saying how to get one.
 """
@@ -12,40 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gptlab.errors import InputError
 from gptlab.experiments.smoke import smoke_model_hint
 from gptlab.pipeline.params import load_params
-
-MODEL_URI_PREFIXES = ("models:/", "runs:/")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    checkpoint: Path
-    # The model's own vocab.bpe and encoder.json; None for a plain folder (the project's are used).
-    bpe_files: tuple[Path, Path] | None = None
-    # The defaults of the logged model's params (e.g. max_new_tokens); empty for a folder.
-    defaults: dict[str, Any] = field(default_factory=dict)
-
-
-@contextmanager
-def model_source(value: str | None, default: Path) -> Iterator[ModelSource]:
-    """Where the checkpoint is, for the time of the block (`default` when `--model` is not given)."""
-    if value is None:
-        yield ModelSource(default)
-    elif not value.startswith(MODEL_URI_PREFIXES):
-        yield ModelSource(Path(value))
-    else:
-        # the MLflow side: only for a model URI, keeps `gptlab --help` fast
-        from gptlab.tracking.registry import downloaded_model
-
-        with downloaded_model(value) as (artifacts, defaults):
-            bpe_files = (artifacts["vocab_bpe"], artifacts["encoder_json"])
-            yield ModelSource(artifacts["checkpoint"], bpe_files, defaults)
+from gptlab.tracking.model_source import ModelSource, model_source
 
 
 @contextmanager

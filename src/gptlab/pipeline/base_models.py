@@ -54,12 +54,25 @@ def base_model_names(params: Params) -> list[str]:
     return sorted({params.spam.base_model, params.instruct.base_model})
 
 
-def obtain_weights(name: str, params: Params) -> Path:
-    """OpenAI's pinned weights file for `name`: present, mirror, then the HF cache; FetchError says what to do."""
+# Who asks for OpenAI's weights, and their way out without them: the fine-tunes' base models by default.
+FINE_TUNES_WANT = (
+    "a fine-tune names {name!r} as its base model",
+    "set gpt2.source: pretrain",
+    "run fully offline on this pipeline's own pretrained model: set `gpt2.source: pretrain` "
+    "in params.yaml (the fine-tunes then start from models/pretrain)",
+)
+
+
+def obtain_weights(name: str, params: Params, wanted: tuple[str, str, str] = FINE_TUNES_WANT) -> Path:
+    """OpenAI's pinned weights file for `name`: present, mirror, then the HF cache; FetchError says what to do.
+
+    `wanted` says who asks for them, and the key to set instead when unpinned or unreachable.
+    """
+    asker, unpinned, unreachable = wanted
     if name not in params.gpt2.weights:
         raise ConfigError(
-            f"gpt2.weights.{name}: missing key; a fine-tune names {name!r} as its base model, so pin its "
-            f"weights here (known: {sorted(params.gpt2.weights)}) or set gpt2.source: pretrain"
+            f"gpt2.weights.{name}: missing key; {asker.format(name=name)}, so pin its "
+            f"weights here (known: {sorted(params.gpt2.weights)}) or {unpinned}"
         )
     pin = params.gpt2.weights[name]
     mirror = mirror_dir()
@@ -68,8 +81,7 @@ def obtain_weights(name: str, params: Params) -> Path:
         f"gpt2.weights.{name}",
         Path(params.gpt2.download_dir) / name / pin.filename,
         mirror / WEIGHTS_SUBDIR / name / pin.filename if mirror else None,
-        or_else="run fully offline on this pipeline's own pretrained model: set `gpt2.source: pretrain` "
-        "in params.yaml (the fine-tunes then start from models/pretrain)",
+        or_else=unreachable,
     ).path
 
 

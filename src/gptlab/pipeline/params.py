@@ -7,6 +7,7 @@ so unknown keys, missing keys and wrong types are refused before any work starts
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,14 +43,31 @@ class PretrainData:
         )
 
 
+# pretrain.init as a models:/ URI: a registered version by number, or a logged model's id. Both are
+# immutable, so the URI in params.yaml is all DVC needs to see; an alias (@champion) may move.
+INIT_MODEL_URI = re.compile(r"models:/([^/@]+/[0-9]+|m-[0-9a-f]+)")
+
+
 @dataclass(frozen=True)
 class PretrainConfig:
     model: ModelSpec
     data: PretrainData
     train: TrainConfig
     sample: SampleConfig
+    # random: the book's fresh weights; else what continued pretraining starts from (pipeline/init_model.py):
+    # a GPT-2 name (gpt2-small, ...: OpenAI's weights pinned in gpt2.weights), a model folder or a models:/ URI.
+    init: str = "random"
 
     def __post_init__(self) -> None:
+        require(
+            bool(self.init.strip()), "init", "expected random, a GPT-2 name, a model folder or a models:/ URI"
+        )
+        require(
+            not self.init.startswith(("models:/", "runs:/")) or bool(INIT_MODEL_URI.fullmatch(self.init)),
+            "init",
+            f"{self.init!r}: name a registered version by its number (models:/NAME/VERSION) or a model id "
+            "(models:/m-...): a version never changes, so params.yaml pins it for DVC; an alias may move",
+        )
         require(
             self.data.max_length <= self.model.context_length,
             "data.max_length",
