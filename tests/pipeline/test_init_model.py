@@ -140,6 +140,8 @@ def test_continued_pretraining_from_gpt2_then_a_logged_model_then_a_folder(proje
     assert expected < math.log(50257) - 2.5  # a checkpoint that learned something: ~6, not 10.8
     assert first["initial_train_loss"] == pytest.approx(expected, rel=1e-4)
     assert first["initial_val_loss"] == pytest.approx(hf_loss(gpt2, "val", stride=48), rel=1e-4)
+    curve = Path("reports/pretrain/losses.csv").read_text().splitlines()
+    assert float(curve[1].split(",")[2]) < math.log(50257) - 2.5  # the first evaluation's train loss, too
     run = newest_run()
     assert run.data.params["pretrain.init"] == "gpt2-small"
     assert run.data.tags["gptlab.init_sha256"] == pin["sha256"]
