@@ -86,7 +86,10 @@ def run(params: Params) -> None:
             params.tracking.experiment,
             logged,
             system_metrics=params.tracking.system_metrics,
-            run_name=f"load-gpt2 · {name}",
+            # With gpt2.source pretrain, the folder's GPT-2 name holds our own pretrained model.
+            run_name=f"load-gpt2 · {name}"
+            if cfg.source == "huggingface"
+            else f"load-gpt2 · pretrain as {name}",
         ) as tracker:
             tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
             if cfg.source == "pretrain":

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help=f"keep the libraries' INFO lines (MLflow's), here and in the stages it runs ({VERBOSE_ENV}=1)",
+        help="keep the libraries' INFO lines (MLflow's), here and in the stages it runs, and print every "
+        f"line the stages of `gptlab smoke` and `gptlab run` print ({VERBOSE_ENV}=1)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
