@@ -81,15 +81,14 @@ def run(params: Params) -> None:
     report: dict[str, dict[str, float]] = {}
     samples: dict[str, str] = {}
     for name in names:
+        # With gpt2.source pretrain, the folder's GPT-2 name holds our own pretrained model.
+        label = name if cfg.source == "huggingface" else f"pretrain as {name}"
         with stage_run(
             "load-gpt2",
             params.tracking.experiment,
             logged,
             system_metrics=params.tracking.system_metrics,
-            # With gpt2.source pretrain, the folder's GPT-2 name holds our own pretrained model.
-            run_name=f"load-gpt2 · {name}"
-            if cfg.source == "huggingface"
-            else f"load-gpt2 · pretrain as {name}",
+            run_name=f"load-gpt2 · {label}",
         ) as tracker:
             tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
             if cfg.source == "pretrain":
@@ -116,7 +115,7 @@ def run(params: Params) -> None:
                 {"model": model.cfg.to_dict(), "metadata": metadata}, "load-gpt2/base_model.json"
             )
             del model
-        print(f"{name}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
+        print(f"{label}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
     write_json(REPORT_DIR / "metrics.json", report)
     write_json(REPORT_DIR / "samples.json", samples)
 

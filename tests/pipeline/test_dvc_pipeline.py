@@ -146,7 +146,9 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    quiet_as_smoke(proc, project / ".gptlab" / "tiny-check.log", ["download", "tokenize", "pretrain"])
+    quiet_as_smoke(
+        proc, project / ".gptlab" / "logs" / "tiny-check.log", ["download", "tokenize", "pretrain"]
+    )
 
     shown = json.loads(dvc_exp_show(project, "--json", env=env))
     names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
@@ -195,7 +197,7 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     stages = ["download", "tokenize", "pretrain"]
-    quiet_as_smoke(proc, project / ".gptlab" / "gutenberg-check.log", stages)
+    quiet_as_smoke(proc, project / ".gptlab" / "logs" / "gutenberg-check.log", stages)
     (run,) = [
         r
         for r in pipeline_runs(isolated_tools, "gptlab-gutenberg-smoke")

@@ -7,7 +7,7 @@ experiment shows in `dvc exp show` (and its runs in the MLflow UI) beside the
 default run. Stages whose inputs did not change are taken from DVC's cache.
 
 As `gptlab smoke`, it prints one line per stage as it starts, then the headline
-metrics and what to do next; each stage's own output goes to `.gptlab/<name>.log`
+metrics and what to do next; each stage's own output goes to `.gptlab/logs/<name>.log`
 (`gptlab -v run` prints it all, DVC's warnings included).
 """
 
@@ -31,8 +31,8 @@ from gptlab.experiments.smoke import command_lines, dvc_command, run_logged
 from gptlab.pipeline.params import load_params
 from gptlab.schema import name_problem
 
-# The logs of `gptlab run`, one per experiment, beside the smoke workspace's (git ignores the folder).
-LOG_DIR = Path(".gptlab")
+# The logs of `gptlab run`, one per experiment (git ignores .gptlab/): apart from the smoke workspaces there.
+LOG_DIR = Path(".gptlab") / "logs"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     stem = profile.stem if profile.is_file() else "profile"  # a pipe's name (/dev/fd/63) says nothing
     name = args.name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     log = LOG_DIR / f"{name}.log"
-    (project / LOG_DIR).mkdir(exist_ok=True)
+    (project / LOG_DIR).mkdir(parents=True, exist_ok=True)
     print(
         f"experiment {name}: {len(overrides)} params set by {profile}; every stage's output in {log}",
         flush=True,
