@@ -18,7 +18,8 @@ default, SDPA and fused ones on the fast profile), and the fine-tunes, which
 rebuild their model from that config, compute as it says. Each model is then
 checked as the book does: loss and perplexity on The Verdict's windows the
 pretrained model was trained on (the metric names of the eval stage) and a
-seeded sample. One MLflow run per model, named `load-gpt2 · <name>` and tagged
+seeded sample. One MLflow run per model, named `load-gpt2 · <name>` (`load-gpt2 · pretrain as
+<name>` with gpt2.source pretrain: our own model, whatever its folder's name) and tagged
 gptlab.base_model=<name>, so each sits beside the eval stage's run of our
 pretrained model in the UI with the same metric columns; all of it also goes to
 reports/load-gpt2/{metrics,samples}.json. With
