@@ -18,7 +18,8 @@ default, SDPA and fused ones on the fast profile), and the fine-tunes, which
 rebuild their model from that config, compute as it says. Each model is then
 checked as the book does: loss and perplexity on The Verdict's windows the
 pretrained model was trained on (the metric names of the eval stage) and a
-seeded sample. One MLflow run per model, named `load-gpt2 · <name>` and tagged
+seeded sample. One MLflow run per model, named `load-gpt2 · <name>` (`load-gpt2 · pretrain as
+<name>` with gpt2.source pretrain: our own model, whatever its folder's name) and tagged
 gptlab.base_model=<name>, so each sits beside the eval stage's run of our
 pretrained model in the UI with the same metric columns; all of it also goes to
 reports/load-gpt2/{metrics,samples}.json. With
@@ -81,12 +82,14 @@ def run(params: Params) -> None:
     report: dict[str, dict[str, float]] = {}
     samples: dict[str, str] = {}
     for name in names:
+        # With gpt2.source pretrain, the folder's GPT-2 name holds our own pretrained model.
+        label = name if cfg.source == "huggingface" else f"pretrain as {name}"
         with stage_run(
             "load-gpt2",
             params.tracking.experiment,
             logged,
             system_metrics=params.tracking.system_metrics,
-            run_name=f"load-gpt2 · {name}",
+            run_name=f"load-gpt2 · {label}",
         ) as tracker:
             tracker.set_tags({"gptlab.base_model": name, "gptlab.source": cfg.source})
             if cfg.source == "pretrain":
@@ -113,7 +116,7 @@ def run(params: Params) -> None:
                 {"model": model.cfg.to_dict(), "metadata": metadata}, "load-gpt2/base_model.json"
             )
             del model
-        print(f"{name}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
+        print(f"{label}: {json.dumps(report[name], sort_keys=True)}\n{samples[name]!r}")
     write_json(REPORT_DIR / "metrics.json", report)
     write_json(REPORT_DIR / "samples.json", samples)
 

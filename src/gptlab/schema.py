@@ -283,6 +283,14 @@ MAX_NEW_TOKENS = 10_000
 
 
 MAX_NAME_LENGTH = 250  # MLflow experiment and run names
+# Unicode's control, format (bidi overrides, zero widths) and line/paragraph separator characters:
+# shown raw, they hide or reorder what a terminal prints.
+CONTROL_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def is_control(char: str) -> bool:
+    """Whether `char` is a control character (NUL, a line break, a bidi override)."""
+    return unicodedata.category(char) in CONTROL_CATEGORIES
 
 
 def name_problem(value: str) -> str | None:
@@ -291,7 +299,7 @@ def name_problem(value: str) -> str | None:
     if value.strip() == "" or len(value) > MAX_NAME_LENGTH:
         shown = repr(value) if len(value) <= MAX_NAME_LENGTH else f"{len(value):,} characters"
         return f"expected a name of 1 to {MAX_NAME_LENGTH} characters, got {shown}"
-    if control := next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None):
+    if control := next((c for c in value if is_control(c)), None):
         return f"control character U+{ord(control):04X} ({unicodedata.name(control, 'unnamed')}) in {value!r}: use printable characters"
     return None
 

@@ -93,18 +93,23 @@ def test_chat_huge_max_new_tokens_is_capped(
     assert f"--max-new-tokens 10000 capped at {max_new}" in err
 
 
-def test_chat_empty_answer_says_why(
-    chat_model: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("stage", "knob"),
+    [("instruct-finetune", "instruct.train.epochs"), ("preference-finetune", "preference.train.epochs")],
+)
+def test_chat_empty_answer_says_why_naming_its_own_stages_knob(
+    chat_model: Path, shared_data: Path, capsys: pytest.CaptureFixture[str], stage: str, knob: str
 ) -> None:
     model, metadata = load_model(chat_model)
     with torch.no_grad():  # the fixed vector now maps to end-of-text: the answer ends before it starts
         model.out_head.weight.zero_()
         model.out_head.weight[50256, 0] = 1.0
-    save_model(model, chat_model, {**metadata, "steps": 3})
+    save_model(model, chat_model, {**metadata, "steps": 3, "stage": stage})
     assert chat(chat_model, shared_data, "Name a color.", "--max-new-tokens", "5") == 0
     out, err = capsys.readouterr()
     assert out == "\n"
     assert "warning: the model answered nothing after 3 training steps" in err and "train it longer" in err
+    assert f"({knob})" in err
 
 
 def test_chat_instruction_longer_than_context_is_refused(

@@ -102,3 +102,21 @@ def test_classify_reads_process_substitution_dev_stdin_and_dash_in_a_real_shell(
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [row["text"] for row in rows] == ["win a prize", "see you soon"] * 3
     assert rows[:2] == rows[2:4] == rows[4:]
+
+
+def test_classify_refuses_a_line_of_nuls_as_an_empty_message(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    messages = tmp_path / "messages.txt"
+    messages.write_bytes(b"hello there\n\x00\x00\x00\n")
+    assert main(["classify", "--file", str(messages), "--model", str(checkpoint)]) == 2
+    line = one_line_error(capsys, "classify")
+    assert "message 2 is empty (only control characters: '\\x00\\x00\\x00')" in line, line
+
+
+def test_classify_escapes_control_characters_in_its_plain_output() -> None:
+    from gptlab.cli.classify import _shown
+
+    # A right-to-left override would print "free prize" reversed; an escape code would colour the terminal.
+    assert _shown("win \u202eezirp eerf\x1b[31m now") == "win \\u202eezirp eerf\\x1b[31m now"
+    assert _shown("voilà 😀\tok") == "voilà 😀 ok"  # printable text stays as it is

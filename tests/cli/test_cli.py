@@ -144,3 +144,19 @@ def test_the_top_help_says_which_command_runs_the_pipeline_when(capsys: pytest.C
     for command in ("gptlab smoke", "dvc repro", "gptlab run", "gptlab sweep"):
         (line,) = [line for line in lines if line.strip().startswith(command)]
         assert len(line.split(command, 1)[1].strip()) > 20, line  # each with what it is for
+
+
+@pytest.mark.parametrize(
+    "argv", [["report", "--bogus"], ["chat", "--bogus", "x"], ["run", "--profile", "p", "-x"]]
+)
+def test_a_bad_option_to_a_sub_command_shows_that_sub_commands_usage(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(f"usage: gptlab {argv[0]} [-h]"), err
+    assert err.rstrip().endswith(
+        f"gptlab {argv[0]}: error: unrecognized arguments: {argv[-2] if argv[0] == 'chat' else argv[-1]}"
+    ), err

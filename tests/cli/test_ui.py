@@ -153,8 +153,11 @@ def test_it_serves_the_projects_store_quietly_and_a_signal_stops_every_process(
     workers: list[psutil.Process] = []
     try:
         # One line while it starts; the URL once the server answers, so the first request gets the UI.
-        assert server.stdout.readline().startswith(f"starting the MLflow UI on http://127.0.0.1:{port} ")
-        assert f"/#/experiments/{experiment_id}/runs" in server.stdout.readline()
+        # No address on the first line: a click on it would find nothing for seconds.
+        starting = server.stdout.readline()
+        assert starting.startswith(f"starting the MLflow UI on port {port} ") and "http" not in starting
+        ready = server.stdout.readline()
+        assert ready.startswith("MLflow UI ready, ") and f"/#/experiments/{experiment_id}/runs" in ready
         api = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get?experiment_id={experiment_id}"
         with urllib.request.urlopen(api, timeout=30) as answer:
             experiment = json.load(answer)["experiment"]

@@ -307,3 +307,31 @@ def test_update_baseline_without_any_metric_writes_nothing(
 
 def test_smoke_command_uses_the_check_of_metrics_check() -> None:
     assert smoke_command.check is metrics_check.check
+
+
+def test_a_workspace_holding_an_applied_experiment_says_so_and_how_to_check_one(
+    tmp_path: Path, baseline: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `dvc exp run -S` leaves the smoke workspace: its params and reports are the experiment's."""
+    from helpers import git
+
+    workspace = tmp_path / "smoke"
+    reports = write_reports(workspace, 6.0, 0.9)
+    (workspace / "params.yaml").write_text("pretrain:\n  train:\n    lr: 0.0004\n")
+    git(workspace, "init", "-q")
+    git(workspace, "add", "-A")
+    git(workspace, "commit", "-qm", "smoke run")
+    assert metrics_check.check(baseline, reports) == 0
+    assert "differs from its last commit" not in capsys.readouterr().out
+
+    (workspace / "params.yaml").write_text("pretrain:\n  train:\n    lr: 0.0008\n")
+    write_reports(workspace, 7.0, 0.9)
+    assert metrics_check.check(baseline, reports) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"{reports}: the workspace of {workspace}, whose params.yaml differs from its last commit "
+        "(pretrain.train.lr): the DVC experiment run or applied there last, not the committed run"
+    ), out
+    assert (
+        f"To check a given experiment: (cd {workspace} && dvc exp apply NAME) && gptlab metrics check" in out
+    )

@@ -104,6 +104,20 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     assert len(pipeline_runs(isolated_tools)) == len(STAGES), "a no-op repro runs no stage"
 
 
+def quiet_as_smoke(proc: subprocess.CompletedProcess[str], log: Path, stages: list[str]) -> None:
+    """`gptlab run` prints what `gptlab smoke` does: a line per stage, the headline metrics, the next
+    steps; the stages' own output (DVC's warnings, JSON counts, progress bars) goes to its log."""
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 40 and proc.stderr == "", proc.stdout + proc.stderr
+    started = [line.split()[1] for line in lines if line.startswith("[")]
+    assert started == stages, proc.stdout
+    assert "No file hash info" not in proc.stdout and '"rows"' not in proc.stdout
+    headline = lines[lines.index(next(line for line in lines if "Headline metrics:" in line)) + 1]
+    assert headline.split()[0] == "pretrain" and "final_val_loss" in headline, proc.stdout
+    assert "Next:" in lines and any("dvc exp apply" in line for line in lines)
+    assert "Running stage 'pretrain'" in log.read_text(encoding="utf-8")
+
+
 @pytest.mark.slow
 def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     tmp_path: Path, shared_data: Path, isolated_tools: str
@@ -132,6 +146,9 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    quiet_as_smoke(
+        proc, project / ".gptlab" / "logs" / "tiny-check.log", ["download", "tokenize", "pretrain"]
+    )
 
     shown = json.loads(dvc_exp_show(project, "--json", env=env))
     names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
@@ -179,6 +196,8 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    stages = ["download", "tokenize", "pretrain"]
+    quiet_as_smoke(proc, project / ".gptlab" / "logs" / "gutenberg-check.log", stages)
     (run,) = [
         r
         for r in pipeline_runs(isolated_tools, "gptlab-gutenberg-smoke")

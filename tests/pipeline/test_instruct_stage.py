@@ -361,7 +361,8 @@ def test_lora_stage_trains_adapters_and_saves_a_plain_model_chat_and_export_read
 
     run(load_params())
 
-    assert f"gpt2-medium: {expected:,} of " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gpt2-medium (" in out and f"): {expected:,} of " in out
     counted = json.loads((project / "reports" / "instruct" / "counts.json").read_text())
     assert counted["trainable_params"] == expected
     model, metadata = load_model(project / "models" / "instruct")

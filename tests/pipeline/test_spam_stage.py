@@ -428,7 +428,11 @@ def test_lora_stage_trains_the_adapters_then_saves_a_plain_classifier(
     spam_finetune.run(load_params())
 
     out = capsys.readouterr().out
-    assert f"gpt2-small: {expected:,} of " in out and "(LoRA rank 4, alpha 8)" in out
+    # Named as what it is: our own model, not the GPT-2 its folder is named after.
+    base_named = (
+        "gpt2-small (this pipeline's pretrain checkpoint models/pretrain: 2 layers, 32-dim embeddings"
+    )
+    assert f"{base_named}, 2 heads, context 64): {expected:,} of " in out and "(LoRA rank 4, alpha 8)" in out
     counted = json.loads((project / "reports" / "spam" / "counts.json").read_text())
     assert counted["trainable_params"] == expected
     # Saved merged: a plain classifier with GPT-2's tensor names, padded to the model's context.

@@ -44,7 +44,7 @@ def tiny_params(project: Path, shared_data: Path) -> None:
 
 @pytest.mark.slow
 def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
-    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "repro-lineage")
@@ -70,10 +70,14 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     load_gpt2.run(params)
     instruct_finetune.run(params)
 
+    # The base is named as what it is, our own 2-layer model, not by its folder's GPT-2 name alone.
+    out = capsys.readouterr().out
+    assert "gpt2-small (this pipeline's pretrain checkpoint models/pretrain: 2 layers, 32-dim" in out
+    assert "\ngpt2-small: " not in out
     client = MlflowClient(tracking_uri())
     experiment = client.get_experiment_by_name("gptlab")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"pipeline", "pretrain", "load-gpt2 · gpt2-small", "instruct-finetune"}
+    assert set(runs) == {"pipeline", "pretrain", "load-gpt2 · pretrain as gpt2-small", "instruct-finetune"}
     # One pipeline run: every stage's run nested under it, which holds each stage's headline figures.
     parent = runs.pop("pipeline")
     assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
@@ -84,7 +88,7 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
     # Each run is tagged with the weights it wrote (the checkpoints themselves name no run).
     for run_name, checkpoint in (
         ("pretrain", "models/pretrain"),
-        ("load-gpt2 · gpt2-small", "models/gpt2/gpt2-small"),
+        ("load-gpt2 · pretrain as gpt2-small", "models/gpt2/gpt2-small"),
         ("instruct-finetune", "models/instruct"),
     ):
         assert runs[run_name].data.tags["gptlab.checkpoint_sha256"] == sha256_file(
@@ -103,8 +107,11 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
         assert tags["gptlab.upstream_stage"] == upstream.data.tags["gptlab.stage"]
         steps.append(upstream.info.run_name)
         run = upstream
-    assert steps == ["load-gpt2 · gpt2-small", "pretrain"]
-    assert runs["load-gpt2 · gpt2-small"].data.tags["gptlab.upstream_checkpoint"] == "models/pretrain"
+    assert steps == ["load-gpt2 · pretrain as gpt2-small", "pretrain"]
+    assert (
+        runs["load-gpt2 · pretrain as gpt2-small"].data.tags["gptlab.upstream_checkpoint"]
+        == "models/pretrain"
+    )
     # Runs of one pipeline execution still share its tag.
     assert {r.data.tags["gptlab.pipeline_run"] for r in runs.values()} == {"repro-lineage"}
 

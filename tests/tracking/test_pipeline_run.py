@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
 from gptlab.tracking.buffered_run import stage_metrics
-from gptlab.tracking.lineage import changed_params, run_tags
+from gptlab.tracking.lineage import effective_params, run_tags
 from gptlab.tracking.runs import stage_run
 from gptlab.tracking.store import tracking_uri
 
@@ -53,7 +53,8 @@ def pipeline(
     monkeypatch.setenv("GPTLAB_PIPELINE_RUN", f"{name}-1234")
     monkeypatch.setenv("DVC_EXP_NAME", name)
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "a" * 40)
-    with stage_run("pretrain", experiment, {"pretrain.train.lr": 0.001, "pretrain.train.epochs": 10}) as run:
+    lr = yaml.safe_load(Path("params.yaml").read_text())["pretrain"]["train"]["lr"]
+    with stage_run("pretrain", experiment, {"pretrain.train.lr": lr, "pretrain.train.epochs": 10}) as run:
         run.log_history([{"step": 0, "train_loss": 9.0}, {"step": 5, "train_loss": 7.0}])
         run.log_headline({"final_val_loss": 6.5, "initial_val_loss": 10.9})
         figure = Figure()
@@ -97,9 +98,16 @@ def test_the_stages_of_a_pipeline_run_nest_under_one_run_holding_its_figures_par
     }
     # The loss figure, at the top of its artifacts: where MLflow's compare view looks for files runs share.
     assert [artifact.path for artifact in client.list_artifacts(b.info.run_id)] == ["pretrain_loss.png"]
-    # The params DVC set (changed from the committed params.yaml) and the key params; the DVC experiment, its commit.
-    assert b.data.params == {"pretrain.train.lr": "0.001"}
-    assert a.data.params == {"pretrain.train.lr": "0.001"}  # its stage's key param: the same column for both
+    # The whole params.yaml each read (DVC's -S value applied in b): like with like, one param differs.
+    assert b.data.params == {
+        "pretrain.train.lr": "0.001",
+        "pretrain.train.epochs": "10",
+        "spam.trainable": "last_blocks",
+    }
+    assert {key for key, value in a.data.params.items() if b.data.params[key] != value} == {
+        "pretrain.train.lr"
+    }
+    assert set(a.data.params) == set(b.data.params)
     assert b.data.tags["gptlab.dvc_exp"] == "lr-b" and b.data.tags["gptlab.dvc_baseline"] == "a" * 40
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout
     assert b.data.tags["mlflow.source.git.commit"] == head.strip()
@@ -144,7 +152,7 @@ def test_git_dirty_ignores_what_dvc_and_the_pipeline_wrote_but_not_code(
     assert run_tags("eval", {})["gptlab.git_dirty"] == "true"
     monkeypatch.setenv("DVC_EXP_NAME", "lr-b")  # set by DVC, which applied the change
     assert run_tags("eval", {})["gptlab.git_dirty"] == "false"
-    assert changed_params() == {"pretrain.train.lr": 0.001}
+    assert effective_params()["pretrain.train.lr"] == 0.001
     (checkout / "stage.py").write_text("print('edited')\n")
     assert run_tags("eval", {})["gptlab.git_dirty"] == "true"
 
@@ -158,11 +166,13 @@ def test_metric_names_are_the_stage_prefix_and_the_metrics_json_names() -> None:
     }
 
 
-def test_changed_params_is_empty_outside_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_effective_params_are_the_whole_file_flat_and_empty_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("a: 1\n")
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
-    assert changed_params() == {}
+    assert effective_params() == {}
+    (tmp_path / "params.yaml").write_text("a: {b: 1, c: [1, 2]}\nd: null\n")
+    assert effective_params() == {"a.b": 1, "a.c": [1, 2], "d": None}
 
 
 def test_a_param_written_two_ways_by_two_stages_keeps_the_first(
@@ -177,4 +187,4 @@ def test_a_param_written_two_ways_by_two_stages_keeps_the_first(
     (parent,) = client.search_runs(
         [client.get_experiment_by_name("exp-twice").experiment_id], "tags.`gptlab.role` = 'pipeline'"
     )
-    assert parent.data.params == {"pretrain.train.lr": "1.0"} and parent.info.status == "FINISHED"
+    assert parent.data.params["pretrain.train.lr"] == "1.0" and parent.info.status == "FINISHED"

@@ -199,9 +199,15 @@ def walk_through_the_ui(browser, url: str, store: str, experiment_id: str) -> No
     assert {run.data.tags["mlflow.parentRunId"] for run in stages} == {
         p.info.run_id for p in parents.values()
     }
-    # What tells lr-b from the committed run, on its pipeline run; DVC's -S values are no uncommitted code.
-    lr_b = parents["pipeline · lr-b"]
-    assert lr_b.data.params == {"pretrain.train.lr": "0.001"} and lr_b.data.tags["gptlab.dvc_exp"] == "lr-b"
+    # Each pipeline run holds the whole params.yaml it ran with: like with like, lr-b differs in its lr alone.
+    lr_a, lr_b = parents["pipeline · lr-a"].data.params, parents["pipeline · lr-b"].data.params
+    assert set(lr_a) == set(lr_b) and len(lr_a) > 100
+    assert {key for key, value in lr_a.items() if lr_b[key] != value} == {"pretrain.train.lr"}
+    assert (
+        lr_b["pretrain.train.lr"] == "0.001"
+        and parents["pipeline · lr-b"].data.tags["gptlab.dvc_exp"] == "lr-b"
+    )
+    # DVC's -S values are no uncommitted code.
     assert {run.data.tags["gptlab.git_dirty"] for run in runs} == {"false"}
     # No chart can mix stages: each stage's run logs under its own prefix only.
     for run in stages:
@@ -248,3 +254,13 @@ def walk_through_the_ui(browser, url: str, store: str, experiment_id: str) -> No
     text = page_text(browser)
     plotted = text.split("Metrics:", 1)[1].split("\n", 2)[1]  # the parallel-coordinates plot's metric
     assert plotted.split("/")[0] in ("pretrain", "eval"), plotted
+    # The plot's default axes are the params that differ, the table marks the rows that differ: the lr alone.
+    axes = text.split("Parameters:", 1)[1].split("Metrics:", 1)[0].split()
+    assert axes == ["pretrain.train.lr"], axes
+    (params_table,) = [
+        table
+        for table in browser.find_elements("css selector", "table.mlflow-compare-run-table")
+        if "pretrain.train.lr" in table.get_attribute("textContent")
+    ]
+    differing = params_table.find_elements("css selector", "tr.diff-row th")
+    assert [row.get_attribute("textContent").strip() for row in differing] == ["pretrain.train.lr"]

@@ -136,10 +136,12 @@ def _chat(args: argparse.Namespace, source: ModelSource) -> int:
     )
     if not answer.strip():
         trained = f" after {metadata['steps']} training steps" if "steps" in metadata else ""
+        # The knob of the stage that trained it: a DPO model's own, else the instruction tuning's.
+        section = "preference" if metadata.get("stage") == "preference-finetune" else "instruct"
         _warn(
             f"the model answered nothing{trained}: its first token was end-of-text (or only "
             "whitespace came before it). A briefly trained model often does this; train it longer "
-            "(instruct.train.epochs), or rephrase the instruction"
+            f"({section}.train.epochs), or rephrase the instruction"
         )
     print(answer)
     return 0

@@ -3,8 +3,9 @@
 Messages come as arguments, or one per line from `--file PATH` (`-` for stdin).
 Each is encoded, truncated and padded to the checkpoint's training length as
 in the spam-finetune stage, then printed as `label<TAB>probability<TAB>text`,
-the text on one line and cut after 200 characters (or one JSON object per line,
-whole, with `--json`). `--file` reads at most 64 MiB, so an endless stream stops.
+the text on one line, cut after 200 characters, its control characters escaped
+(or one JSON object per line, whole, with `--json`). `--file` reads at most
+64 MiB, so an endless stream stops.
 
 `--model` takes a checkpoint folder or a model logged in MLflow
 (`models:/gptlab-spam@champion`), whose own BPE files are then used.
@@ -23,6 +24,7 @@ from gptlab.cli.model_source import ModelSource, bpe_folder, find_model
 from gptlab.errors import InputError
 from gptlab.files import require_folder
 from gptlab.paths import SPAM_MODEL
+from gptlab.schema import is_control
 from gptlab.tasks import request
 
 # The heavy imports (torch, the model) happen once the command runs, so `gptlab --help` stays fast.
@@ -145,9 +147,13 @@ def _capped(stream: IO[Any], name: str) -> bytes | str:
 
 
 def _shown(text: str) -> str:
-    """The message as printed beside its label: on one line, cut after SHOWN_CHARS characters."""
+    """The message as printed beside its label: on one line, cut after SHOWN_CHARS characters, its
+    control characters escaped (`\\u202e`): a raw bidi override or escape code garbles the terminal."""
     line = " ".join(text.split())
-    return line if len(line) <= SHOWN_CHARS else f"{line[:SHOWN_CHARS]}… ({len(text):,} characters)"
+    line = line if len(line) <= SHOWN_CHARS else f"{line[:SHOWN_CHARS]}… ({len(text):,} characters)"
+    return "".join(
+        char.encode("unicode_escape").decode("ascii") if is_control(char) else char for char in line
+    )
 
 
 def _decode_lines(data: bytes | str, name: str) -> list[str]:

@@ -75,17 +75,28 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help=f"keep the libraries' INFO lines (MLflow's), here and in the stages it runs ({VERBOSE_ENV}=1)",
+        help="keep the libraries' INFO lines (MLflow's), here and in the stages it runs, and print every "
+        f"line the stages of `gptlab smoke` and `gptlab run` print ({VERBOSE_ENV}=1)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command = importlib.import_module(module)
-        command.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(command_parser=command_parser)
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; one a sub-command does not know is refused with that sub-command's own usage."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     if args.verbose:  # before any module that imports mlflow, and inherited by `dvc exp run`'s stages
         os.environ[VERBOSE_ENV] = "1"
     module = importlib.import_module(COMMANDS[args.command][0])

@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if remote or args.print_url:
         print(line, flush=True)
         return 0
-    # The URL once the server answers: a click before that would find nothing there.
-    starting = f"starting the MLflow UI on {base} (up to {args.timeout:g} s) ..."
-    readiness = Readiness(f"{local_url(args.host, args.port)}/health", starting, line, args.timeout)
+    # The URL once the server answers, on the line that says so: a click before that would find nothing
+    # there, so the starting line holds no address a terminal would make clickable.
+    starting = f"starting the MLflow UI on port {args.port} (up to {args.timeout:g} s) ..."
+    ready = line.replace("MLflow UI,", "MLflow UI ready,", 1)
+    readiness = Readiness(f"{local_url(args.host, args.port)}/health", starting, ready, args.timeout)
     return serve(ui_command(store, args.host, args.port), readiness=readiness)

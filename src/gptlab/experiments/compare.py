@@ -154,6 +154,26 @@ def _metric_title(file: str, key: str) -> str:
     return key if str(where) == "." else f"{where}/{key}"
 
 
+def headline_lines(project: Path, name: str, dvc: str) -> list[str]:
+    """Experiment `name`'s headline metrics (those the baselines guard), one line per stage.
+
+    `  pretrain             final_val_loss 6.701, initial_val_loss 11`; a DVC that cannot show
+    them is one line saying so, as the run itself is done.
+    """
+    try:
+        rows = [row for row in experiment_rows(exp_show(project, dvc)) if row.name == name]
+        metrics = headline_metrics(baseline_files(project))
+    except GptlabError as exc:
+        return [f"  (no headline metrics: {exc})"]
+    by_stage: dict[str, list[str]] = {}
+    for metric in metrics:
+        value = rows[0].metrics.get(metric.file, {}).get(metric.key) if rows else None
+        if value is not None:
+            stage, key = metric.title.split("/", 1) if "/" in metric.title else ("", metric.title)
+            by_stage.setdefault(stage, []).append(f"{key} {_metric_text(value, 4)}")
+    return [f"  {stage:<20} {', '.join(figures)}" for stage, figures in by_stage.items()]
+
+
 def compare(shown: Sequence[dict[str, Any]], metrics: list[HeadlineMetric]) -> Comparison:
     """The rows of `dvc exp show --json`'s output, with the params that differ and `metrics`."""
     rows = experiment_rows(shown)

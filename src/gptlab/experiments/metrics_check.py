@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +20,7 @@ import yaml
 
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
-from gptlab.schema import ConfigError, build, read_yaml
+from gptlab.schema import ConfigError, build, flatten, read_yaml
 
 BASELINES = Path("baselines")
 DEFAULT_BASELINE = BASELINES / "smoke.yaml"
@@ -200,13 +201,26 @@ def check(baseline: Path, reports: Path) -> int:
             f"`gptlab metrics update-baseline --baseline {baseline} --reports {reports}`"
         )
     rows = compare(load_baseline(baseline), reports)
+    workspace = reports.resolve().parent
+    if changed := workspace_params_changed(workspace):
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        print(
+            f"{reports}: the workspace of {workspace}, whose params.yaml differs from its last commit "
+            f"({shown}): the DVC experiment run or applied there last, not the committed run\n"
+        )
     print(markdown_table(rows))
     failed = [row for row in rows if row.failed]
     if failed:
         names = ", ".join(f"{r.file}:{r.metric} ({r.status})" for r in failed)
         print(f"\nFAILED: {len(failed)} of {len(rows)} metrics regressed or missing: {names}")
         own = guarded_reports(baseline)
-        if own is None or _same(own, reports):
+        if changed:
+            print(
+                f"To check a given experiment: (cd {workspace} && dvc exp apply NAME) && gptlab metrics "
+                f"check --baseline {baseline} --reports {reports}; the committed run: "
+                f"(cd {workspace} && git stash && dvc checkout), then the same check"
+            )
+        elif own is None or _same(own, reports):
             print(f"If the change is intended: gptlab metrics update-baseline --baseline {baseline}")
         else:
             print(
@@ -217,6 +231,28 @@ def check(baseline: Path, reports: Path) -> int:
         return 1
     print(f"\nOK: {len(rows)} metrics within tolerance of {baseline}")
     return 0
+
+
+def workspace_params_changed(workspace: Path) -> list[str]:
+    """The params of `workspace`'s params.yaml that differ from its git HEAD's, flat ([] without either).
+
+    `dvc exp run` (and `dvc exp apply`) leave an experiment's params and results in the workspace:
+    its reports are then that experiment's, not the committed run's.
+    """
+    try:
+        committed = subprocess.run(
+            ["git", "show", "HEAD:./params.yaml"],
+            cwd=workspace,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+        now = flatten(read_yaml(workspace / "params.yaml") or {})
+        before = flatten(yaml.safe_load(committed) or {})
+    except (OSError, ValueError, subprocess.SubprocessError, yaml.YAMLError, AttributeError):
+        return []
+    return sorted(key for key in now.keys() | before.keys() if now.get(key) != before.get(key))
 
 
 def _check_reports_dir(reports_dir: Path) -> None:

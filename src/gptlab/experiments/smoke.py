@@ -243,8 +243,7 @@ def _run_in_workspace(
     name = f"{profile.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     env = experiment_env(project, name)
     env.update(source)
-    dvc = ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
-    command = [*dvc, "exp", "run", "--name", name, *set_arguments(overrides)]
+    command = [*dvc_command(), "exp", "run", "--name", name, *set_arguments(overrides)]
     log = smoke_log(workdir)
     returncode = run_logged(command, workdir, env, log, verbose=bool(os.environ.get(VERBOSE_ENV)))
     if returncode:
@@ -257,6 +256,11 @@ def _run_in_workspace(
     commit_workspace(workdir, f"{profile.stem} run", source)
     mark_workspace(workdir, finished=True)
     return workdir / REPORTS
+
+
+def dvc_command() -> list[str]:
+    """dvc without its warnings for outputs not built yet (gptlab.pipeline.dvc_quiet); the plain dvc with `-v`."""
+    return ["dvc"] if os.environ.get(VERBOSE_ENV) else [sys.executable, "-m", "gptlab.pipeline.dvc_quiet"]
 
 
 # DVC's line as it starts a stage ("Running stage 'pretrain':"), and as it takes one from its cache.
@@ -316,11 +320,17 @@ def human_duration(seconds: float) -> str:
 def next_steps(workdir: Path, experiment: str | None) -> list[str]:
     """What to do after a smoke run: the lines `gptlab smoke` ends with."""
     ui = "gptlab ui" + (f" --experiment {experiment}" if experiment else "")
-    steps = [
-        (ui, "its MLflow runs: curves, samples, models"),
-        (f"cd {workdir} && gptlab compare", "its DVC experiments side by side"),
-        ("gptlab metrics check", "its metrics against baselines/smoke.yaml, as CI does"),
-        ("dvc repro", "the whole pipeline with params.yaml: the book's run (hours)"),
-    ]
+    return command_lines(
+        [
+            (ui, "its MLflow runs: curves, samples, models"),
+            (f"cd {workdir} && gptlab compare", "its DVC experiments side by side"),
+            ("gptlab metrics check", "its metrics against baselines/smoke.yaml, as CI does"),
+            ("dvc repro", "the whole pipeline with params.yaml: the book's run (hours)"),
+        ]
+    )
+
+
+def command_lines(steps: list[tuple[str, str]]) -> list[str]:
+    """`Next:` and one aligned line per (command, what it does)."""
     width = max(len(command) for command, _ in steps) + 2
     return ["Next:", *(f"  {command:<{width}}# {what}" for command, what in steps)]

@@ -111,15 +111,14 @@ class TrainingRun:
     ) -> int:
         """Print and tag what trains of the fine-tuned model (with LoRA: the adapters alone).
 
-        The base model is tagged as what it is (`describe_base`), not by its folder's name alone.
+        The base model is printed and tagged as what it is (`describe_base`), not by its folder's
+        name alone: with `gpt2.source: pretrain`, models/gpt2/gpt2-medium holds our own model.
         """
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         base = describe_base(base_model, model.cfg, base_metadata or {})
         self.tracker.set_tags({"gptlab.base_model": base, "gptlab.trainable_params": count})
         adapters = f" (LoRA rank {lora.rank}, alpha {lora.alpha:g})" if adds_lora(trainable) else ""
-        print(
-            f"{base_model}: {count:,} of {sum(p.numel() for p in model.parameters()):,} params train{adapters}"
-        )
+        print(f"{base}: {count:,} of {sum(p.numel() for p in model.parameters()):,} params train{adapters}")
         return count
 
     def publish(

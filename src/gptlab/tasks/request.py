@@ -16,7 +16,7 @@ from typing import Any
 
 from gptlab.errors import InputError
 from gptlab.model.config import GPT2_VOCAB_SIZE
-from gptlab.schema import MAX_BATCH_SIZE, MAX_NEW_TOKENS, TEMPERATURE_RANGE
+from gptlab.schema import MAX_BATCH_SIZE, MAX_NEW_TOKENS, TEMPERATURE_RANGE, is_control
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed's range, and an MLflow `long` param's
 
@@ -28,14 +28,16 @@ class RequestError(InputError):
 def text(value: Any, field: str, *, hint: str, required: bool = True) -> str:
     """`value` as the text it must be; a missing one (None, NaN) counts as empty.
 
-    A required text must hold more than whitespace; `hint` says what to give instead.
+    A required text must hold more than whitespace and control characters (a line of NULs reads
+    as nothing); `hint` says what to give instead.
     """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         value = ""
     if not isinstance(value, str):  # a number or a mapping is not a message, whatever str() makes of it
         raise RequestError(f"{field}: expected a string, got {type(value).__name__} {_short(value)}")
-    if required and not value.strip():
-        raise RequestError(f"{field} is empty: {hint}")
+    if required and all(char.isspace() or is_control(char) for char in value):
+        shown = "" if not value.strip() else f" (only control characters: {_short(value)})"
+        raise RequestError(f"{field} is empty{shown}: {hint}")
     return value
 
 

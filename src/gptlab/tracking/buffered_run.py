@@ -202,7 +202,7 @@ class StageRun:
 
     @_live
     def log_pipeline_params(self, params: Mapping[str, Any]) -> None:
-        """Params of the pipeline run's MLflow run (those differing from the committed params.yaml).
+        """Params of the pipeline run's MLflow run (the whole params.yaml, flat: `lineage.effective_params`).
 
         A param an earlier stage logged there stays as it is: MLflow refuses to change one, and a
         value written another way (`1` and `1.0`) is the same value.

@@ -1,9 +1,9 @@
 """Provenance of an MLflow run: the code, params and pipeline it came from, what it read, what it wrote.
 
 A run's tags name its git commit (and dirty state), the `dvc repro` it belongs to,
-its host and pid, a hash of its params and the DVC experiment. The params that
-differ from the committed params.yaml are the pipeline run's own (`changed_params`):
-those DVC set for an experiment (`dvc exp run -S`) count as no uncommitted change. The datasets it
+its host and pid, a hash of its params and the DVC experiment. The whole params.yaml, as the
+run reads it, is the pipeline run's own (`effective_params`): the values DVC set for an
+experiment (`dvc exp run -S`) count as no uncommitted change. The datasets it
 read carry DVC's content hash. The checkpoint it wrote is tagged by the sha256 of
 its weights (as its manifest recorded it at save), by which a run that starts from
 that checkpoint finds (and links) the run that wrote it. The functions here build
@@ -105,7 +105,7 @@ def _git_state() -> tuple[str, bool]:
     project in a throwaway repository whose own commit means nothing to a user. What the
     pipeline writes itself (dvc.lock, reports/) is no uncommitted change, nor is params.yaml
     inside a DVC experiment (DVC_EXP_NAME): DVC applied its `-S` values there and records them
-    as the experiment's params (so does the pipeline run's MLflow run: `changed_params`).
+    as the experiment's params (so does the pipeline run's MLflow run: `effective_params`).
     """
     if os.environ.get(SOURCE_COMMIT_ENV):
         return os.environ[SOURCE_COMMIT_ENV], os.environ.get(SOURCE_DIRTY_ENV, "false").lower() == "true"
@@ -133,25 +133,16 @@ def _written_by_the_pipeline(path: Path) -> bool:
     return path == Path("params.yaml") and bool(os.environ.get("DVC_EXP_NAME"))
 
 
-def changed_params(params_file: Path = Path("params.yaml")) -> dict[str, Any]:
-    """params.yaml's values that differ from the committed file's (`git show HEAD:`), flat; {} without git.
+def effective_params(params_file: Path = Path("params.yaml")) -> dict[str, Any]:
+    """The whole of params.yaml as the run reads it, flat; {} where there is none (a stage run alone).
 
-    Inside `dvc exp run -S key=value` these are the values DVC set: what tells the experiment
-    from the committed run.
+    Inside `dvc exp run -S key=value` it holds the values DVC set. Every pipeline run logs all of
+    it, so any two compare like with like: the UI's compare view shows only what differs.
     """
     try:
-        committed = subprocess.run(
-            ["git", "show", f"HEAD:./{params_file.as_posix()}"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout
-        now = flatten(yaml.safe_load(params_file.read_text(encoding="utf-8")) or {})
-        before = flatten(yaml.safe_load(committed) or {})
-    except (OSError, subprocess.SubprocessError, yaml.YAMLError, AttributeError):
+        return flatten(yaml.safe_load(params_file.read_text(encoding="utf-8")) or {})
+    except (OSError, yaml.YAMLError, AttributeError):
         return {}
-    return {key: value for key, value in now.items() if key not in before or before[key] != value}
 
 
 def dataset_input(

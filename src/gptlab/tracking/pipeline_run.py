@@ -6,8 +6,8 @@ others: each stage finds it by the pipeline run's id (tag gptlab.pipeline_run, f
 (tag mlflow.parentRunId, as `mlflow.start_run(nested=True)` sets it). No stage list is
 kept anywhere: whichever stages run, each joins its parent the same way.
 
-The parent carries the params that differ from the committed params.yaml (DVC's `-S`
-values in an experiment), each stage's headline figures (`spam/test_accuracy`), the
+The parent carries the whole params.yaml as its stages read it, flat (DVC's `-S` values
+applied in an experiment: any two pipeline runs compare like with like), each stage's headline figures (`spam/test_accuracy`), the
 loss figures, the DVC experiment's name and baseline commit. It is RUNNING while a stage
 runs, and ends as the last stage to run ended (FINISHED, FAILED or KILLED).
 """

@@ -187,6 +187,7 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
     from mlflow.models import Model
 
     store = tracking_uri()
+    _require_store(store, uri)
     check_reachable(store)
     with tempfile.TemporaryDirectory(prefix="gptlab-model-") as tmp, store_errors(store):
         try:
@@ -211,6 +212,18 @@ def downloaded_model(uri: str) -> Iterator[tuple[dict[str, Path], dict[str, Any]
             raise GptlabError(f"{uri} is not a gptlab model: it lacks a checkpoint and GPT-2's BPE files")
         params = model.signature.params if model.signature is not None else None
         yield found, {spec.name: spec.default for spec in params.params} if params is not None else {}
+
+
+def _require_store(store: str, uri: str) -> None:
+    """A look-up reads a store, never makes one: a local SQLite store that is not there holds no model.
+
+    MLflow would create an empty `mlflow.db` (in the folder the command runs in, outside a project).
+    """
+    if store.startswith("sqlite:///") and not (path := Path(store.removeprefix("sqlite:///"))).is_file():
+        raise GptlabError(
+            f"{uri}: no such model: there is no tracking store at {path} (no stage has logged there); "
+            "run the stage that logs it here, or set MLFLOW_TRACKING_URI to the store that holds it"
+        )
 
 
 def promote(name: str, version: str, alias: str = CHAMPION) -> str:

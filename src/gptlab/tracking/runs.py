@@ -76,8 +76,9 @@ def stage_run(
     gptlab.sweep_variant, so the UI lists a sweep's runs together. The run is named by
     `run_title`. Within a pipeline run (`dvc repro`, `dvc exp run`, `gptlab smoke`, a sweep's
     variant) it is nested under that run's parent (`pipeline ·` and the same label), which
-    gets the params that differ from the committed params.yaml and the stage's key params (the
-    runs table's columns: gptlab.tracking.ui); a stage run alone has no parent.
+    gets the whole params.yaml, flat, as the stage reads it (so two pipeline runs compare like with
+    like) and the stage's key params (the runs table's columns: gptlab.tracking.ui); a stage run
+    alone has no parent.
     """
     if not is_main():
         yield NULL_RUN
@@ -113,7 +114,7 @@ def stage_run(
     try:
         stage_run.log_params(params)
         key_params = {key: params[key] for key in KEY_PARAMS if key in params}
-        stage_run.log_pipeline_params({**key_params, **lineage.changed_params()})
+        stage_run.log_pipeline_params({**lineage.effective_params(), **key_params})
         yield stage_run
         stage_run.ensure_sent("the stage's outputs are written; rerun it once the server answers")
     except KeyboardInterrupt:
