@@ -39,6 +39,7 @@ from gptlab.tracking.store import (
     TrackingLost,
     bound_http_calls,
     check_reachable,
+    create_store,
     ensure_experiment,
     first_line,
     imported_mlflow,
@@ -94,6 +95,7 @@ def stage_run(
     if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with store_errors(uri):
+        create_store(uri)
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
         experiment_id = ensure_experiment(client, experiment)
