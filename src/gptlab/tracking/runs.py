@@ -25,12 +25,16 @@ import it at theirs.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptlab.files import process_alive
+from gptlab.paths import project_root
 from gptlab.tracking import lineage
 from gptlab.tracking.buffered_run import NULL_RUN, StageRun, metric_prefix
 from gptlab.tracking.pipeline_run import PARENT_TAG, end_parent, open_parent
@@ -117,14 +121,16 @@ def stage_run(
         key_params = {key: params[key] for key in KEY_PARAMS if key in params}
         stage_run.log_pipeline_params({**key_params, **lineage.changed_params()})
         yield stage_run
-        stage_run.ensure_sent("the stage's outputs are written; rerun it once the server answers")
+        stage_run.ensure_sent(
+            f"the stage's outputs are written; once the server answers, run {rerun_command(stage)}"
+        )
     except KeyboardInterrupt:
         _end_run(stage_run, "KILLED")
         raise
     except BaseException:
         _end_run(stage_run, "FAILED")
         raise
-    _end_run(stage_run, "FINISHED")
+    _end_run(stage_run, "FINISHED", stage)
     if masked_uri(uri) != uri:
         print(
             f"🏃 View run at: {masked_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
@@ -142,7 +148,26 @@ def run_title(name: str, variant: str | None = None) -> str:
     return f"{name} · {label}" if label else name
 
 
-def _end_run(run: StageRun, status: str) -> None:
+def rerun_command(stage: str) -> str:
+    """The command, quoted, that reruns `stage` once a lost tracking server answers again.
+
+    Under DVC it is forced (`dvc repro -f -s STAGE`): the failed run wrote the stage's outputs,
+    which equal dvc.lock's when the stage ran before with the same params and data, so a plain
+    `dvc repro` skips it and its logging is never sent. A workspace other than the project
+    (the smoke's) is named with `cd`. Run alone, the stage's own command line.
+    """
+    if lineage.alone(lineage.pipeline_run_id()):
+        script, *args = sys.argv
+        program = ["python", script] if script.endswith(".py") else [Path(script).name]
+        return f"`{shlex.join([*program, *args])}`"
+    here = Path.cwd().resolve()
+    cd = "" if here == project_root().resolve() else f"cd {shlex.quote(str(here))} && "
+    return (
+        f"`{cd}dvc repro -f -s {stage}` (forced: a plain `dvc repro` finds its outputs written and skips it)"
+    )
+
+
+def _end_run(run: StageRun, status: str, stage: str = "") -> None:
     """End the active run. On a lost server it ends here only (its rerun marks it KILLED there),
     and a run that would have FINISHED fails the stage."""
     try:
@@ -157,7 +182,7 @@ def _end_run(run: StageRun, status: str) -> None:
         if status == "FINISHED":
             raise TrackingLost(
                 f"MLflow tracking server {masked_uri(run.uri)} stopped answering as the run ended ({first_line(exc)}): "
-                "the stage's outputs are written; rerun it once the server answers"
+                f"the stage's outputs are written; once the server answers, run {rerun_command(stage)}"
             ) from None
 
 
