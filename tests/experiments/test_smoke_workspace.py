@@ -293,20 +293,24 @@ print("Running stage 'train':", flush=True)
 print("epoch 1 of 3", flush=True)
 time.sleep(120)
 """
+# As `dvc exp run` does: it runs the stage in a process of its own, and exits at once on SIGTERM.
+DVC_LIKE = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
 # `gptlab smoke`'s loop over `dvc exp run`, in a process of its own to stop.
 RUN_LOGGED = """\
 import sys
 from pathlib import Path
 from gptlab.experiments.smoke import run_logged
 workdir = Path(sys.argv[1])
-run_logged([sys.executable, "-c", sys.argv[2]], workdir, {}, workdir / "smoke.log", verbose=False)
+run_logged([sys.executable, "-c", sys.argv[2], sys.argv[3]], workdir, {}, workdir / "smoke.log", verbose=False)
 """
 
 
-def test_a_smoke_stopped_by_sigterm_says_so_in_one_line_and_keeps_its_log(tmp_path: Path) -> None:
-    """Row 64: it exited 143 with no line, its log 0 bytes (never flushed), the stage left running."""
+def test_a_smoke_stopped_by_sigterm_stops_its_stage_says_so_in_one_line_and_keeps_its_log(
+    tmp_path: Path,
+) -> None:
+    """Row 64: it exited 143 with no line, its log 0 bytes (never flushed), and DVC and its stage ran on."""
     (tmp_path / "dvc.yaml").write_text("stages: {train: {}}\n", encoding="utf-8")
-    command = [sys.executable, "-c", RUN_LOGGED, str(tmp_path), SLOW_STAGE]
+    command = [sys.executable, "-c", RUN_LOGGED, str(tmp_path), DVC_LIKE, SLOW_STAGE]
     smoke_process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert smoke_process.stdout is not None
     assert smoke_process.stdout.readline().startswith("[1/1] train")  # the stage runs
@@ -316,4 +320,6 @@ def test_a_smoke_stopped_by_sigterm_says_so_in_one_line_and_keeps_its_log(tmp_pa
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("stopped by SIGTERM") and "smoke.log" in lines[0], err
     logged = (tmp_path / "smoke.log").read_text(encoding="utf-8")
-    assert "epoch 1 of 3" in logged and "stage: stopped by SIGTERM" in logged  # and the stage stopped
+    assert (
+        "epoch 1 of 3" in logged and "stage: stopped by SIGTERM" in logged
+    )  # the stage stopped as it should

@@ -297,7 +297,13 @@ def run_logged(command: list[str], workdir: Path, env: Mapping[str, str], log: P
     tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL)
     with log.open("w", encoding="utf-8") as out:
         child = subprocess.Popen(
-            command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its group, stages included, is stopped as one (_signals_passed_on)
         )
         assert child.stdout is not None, "piped"
         with _signals_passed_on(child) as stopped_by:
@@ -326,37 +332,43 @@ STOP_TIMEOUT_S = 30
 
 @contextlib.contextmanager
 def _signals_passed_on(child: subprocess.Popen[str]) -> Iterator[list[int]]:
-    """Within the block, SIGTERM is passed on to `dvc exp run` and Ctrl-C (which reached it too) noted.
+    """Within the block, SIGTERM and Ctrl-C are passed on to `dvc exp run`'s process group, stages included.
 
-    The block reads on: what the stages print as they stop is logged too. The list yields the
-    signals seen; the child is killed if it has not exited STOP_TIMEOUT_S after the first, and a
-    second signal acts as it did before. Outside the main thread (which alone takes signals), nothing.
+    DVC exits on SIGTERM and leaves its stage running; the stage stops on it as it should (its
+    MLflow run ends KILLED). The block reads on, so what they print as they stop is logged
+    too. The list yields the signals seen; the group is killed if it has not exited
+    STOP_TIMEOUT_S after the first, and a second signal acts as it did before. Outside the
+    main thread (which alone takes signals), nothing is passed on.
     """
     seen: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
-    killer = threading.Timer(STOP_TIMEOUT_S, child.kill)
+    killer = threading.Timer(STOP_TIMEOUT_S, _signal_group, (child, signal.SIGKILL))
     killer.daemon = True
 
-    def note(signum: int, frame: object) -> None:
+    def pass_on(signum: int, frame: object) -> None:
         signal.signal(signum, previous[signum])
         if not seen:
             killer.start()
         seen.append(signum)
-        if signum == signal.SIGTERM:
-            child.send_signal(signum)
+        _signal_group(child, signum)
 
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {signum: signal.getsignal(signum) or signal.SIG_DFL for signum in handled}
     for signum in handled:
-        signal.signal(signum, note)
+        signal.signal(signum, pass_on)
     try:
         yield seen
     finally:
         killer.cancel()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _signal_group(child: subprocess.Popen[str], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # all of it has exited already
+        os.killpg(child.pid, signum)
 
 
 def progress_line(number: str, stage: str, elapsed_s: float) -> str:
