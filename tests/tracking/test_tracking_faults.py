@@ -32,6 +32,7 @@ from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import list_checkpoints
 from gptlab.model.config import ModelConfig
 from gptlab.pipeline.training_stage import DatasetRead, training_run
+from gptlab.tracking.runs import rerun_command
 from gptlab.tracking.store import TrackingLost
 from gptlab.training.loop import TrainResult
 from gptlab.training.losses import next_token_loss
@@ -306,3 +307,21 @@ def test_a_stage_whose_server_was_lost_for_good_is_completed_by_the_command_its_
     assert sorted(runs) == ["FINISHED", "KILLED"]
     assert version.run_id == runs["FINISHED"].info.run_id
     assert runs["FINISHED"].data.metrics["toy/steps"] == 15
+
+
+def test_the_rerun_named_goes_to_the_smoke_workspace_first_and_a_stage_run_alone_reruns_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    workspace = project / ".gptlab" / "smoke"
+    workspace.mkdir(parents=True)
+    for folder in (project, workspace):
+        (folder / "dvc.yaml").write_text("stages: {}\n", encoding="utf-8")
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "smoke-20261207-1200-abc")  # as `gptlab smoke` sets it
+    assert rerun_command("eval").startswith(f"`cd {workspace} && dvc repro -f -s eval` (forced: ")
+    monkeypatch.chdir(project)
+    assert rerun_command("eval").startswith("`dvc repro -f -s eval` (forced: ")
+    monkeypatch.delenv("GPTLAB_PIPELINE_RUN")
+    monkeypatch.setattr(sys, "argv", ["stages/eval.py", "--params", "my params.yaml"])
+    assert rerun_command("eval") == "`python stages/eval.py --params 'my params.yaml'`"

@@ -157,7 +157,9 @@ def rerun_command(stage: str) -> str:
     (the smoke's) is named with `cd`. Run alone, the stage's own command line.
     """
     if lineage.alone(lineage.pipeline_run_id()):
-        script, *args = sys.argv
+        script, *args = sys.argv or [""]
+        if script in ("", "-c", "-m"):  # an interpreter's command, not a script's
+            return "the stage again"
         program = ["python", script] if script.endswith(".py") else [Path(script).name]
         return f"`{shlex.join([*program, *args])}`"
     here = Path.cwd().resolve()
