@@ -125,10 +125,10 @@ def stage_run(
             f"the stage's outputs are written; once the server answers, run {rerun_command(stage)}"
         )
     except KeyboardInterrupt:
-        _end_run(stage_run, "KILLED")
+        _end_run(stage_run, "KILLED", stage)
         raise
     except BaseException:
-        _end_run(stage_run, "FAILED")
+        _end_run(stage_run, "FAILED", stage)
         raise
     _end_run(stage_run, "FINISHED", stage)
     if masked_uri(uri) != uri:
@@ -169,7 +169,7 @@ def rerun_command(stage: str) -> str:
     )
 
 
-def _end_run(run: StageRun, status: str, stage: str = "") -> None:
+def _end_run(run: StageRun, status: str, stage: str) -> None:
     """End the active run. On a lost server it ends here only (its rerun marks it KILLED there),
     and a run that would have FINISHED fails the stage."""
     try:
