@@ -5,6 +5,7 @@ its runs log to their own experiment, tagged with the project's commit and an id
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -179,7 +180,16 @@ def test_a_stopped_runs_workspace_keeps_what_a_user_added_unless_fresh(tmp_path:
 
 
 @pytest.mark.parametrize(
-    "marker", ["{not json", "[]", '{"finished": "yes"}', ""], ids=["json", "list", "type", "empty"]
+    "marker",
+    [
+        "{not json",
+        "[]",
+        '{"finished": "yes"}',
+        "",
+        '{"finished": true}',
+        '{"finished": false, "refs": [1, {}]}',
+    ],
+    ids=["json", "list", "type", "empty", "no files", "bad refs"],
 )
 def test_a_damaged_workspace_record_is_one_line_and_deletes_nothing(
     clone: Path,
@@ -270,3 +280,46 @@ def test_a_smoke_run_ends_with_the_next_steps() -> None:
         "gptlab metrics check",
         "dvc repro",
     ]
+
+
+# A stage that runs until it is stopped, and says so as a stage does.
+SLOW_STAGE = """\
+import signal, sys, time
+def stop(signum, frame):
+    print("stage: stopped by SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("Running stage 'train':", flush=True)
+print("epoch 1 of 3", flush=True)
+time.sleep(120)
+"""
+# As `dvc exp run` does: it runs the stage in a process of its own, and exits at once on SIGTERM.
+DVC_LIKE = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
+# `gptlab smoke`'s loop over `dvc exp run`, in a process of its own to stop.
+RUN_LOGGED = """\
+import sys
+from pathlib import Path
+from gptlab.experiments.smoke import run_logged
+workdir = Path(sys.argv[1])
+run_logged([sys.executable, "-c", sys.argv[2], sys.argv[3]], workdir, {}, workdir / "smoke.log", verbose=False)
+"""
+
+
+def test_a_smoke_stopped_by_sigterm_stops_its_stage_says_so_in_one_line_and_keeps_its_log(
+    tmp_path: Path,
+) -> None:
+    """Row 64: it exited 143 with no line, its log 0 bytes (never flushed), and DVC and its stage ran on."""
+    (tmp_path / "dvc.yaml").write_text("stages: {train: {}}\n", encoding="utf-8")
+    command = [sys.executable, "-c", RUN_LOGGED, str(tmp_path), DVC_LIKE, SLOW_STAGE]
+    smoke_process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert smoke_process.stdout is not None
+    assert smoke_process.stdout.readline().startswith("[1/1] train")  # the stage runs
+    smoke_process.send_signal(signal.SIGTERM)
+    out, err = smoke_process.communicate(timeout=60)
+    assert smoke_process.returncode == 143
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stopped by SIGTERM") and "smoke.log" in lines[0], err
+    logged = (tmp_path / "smoke.log").read_text(encoding="utf-8")
+    assert (
+        "epoch 1 of 3" in logged and "stage: stopped by SIGTERM" in logged
+    )  # the stage stopped as it should

@@ -507,3 +507,28 @@ def test_gptlab_precision_bf16_serves_bf16_weights_and_an_unknown_value_is_refus
     monkeypatch.setenv("GPTLAB_PRECISION", "fp16")
     with pytest.raises(Exception, match=r"\$GPTLAB_PRECISION: expected one of fp32, bf16, auto, got 'fp16'"):
         mlflow.pyfunc.load_model(uri)
+
+
+@pytest.mark.slow
+def test_a_served_generation_answers_within_the_servers_timeout_or_is_refused_while_asked(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 65 item 20: 10,000 new tokens for each of 40 prompts outlasted the scoring server's timeout, which
+    answered 504 while the generation went on. Now the work stops before the timeout, and the caller gets why."""
+    monkeypatch.chdir(tmp_path)
+    tiny_language_model(tmp_path / "lm")
+    with stage_run("pretrain", "gptlab", {}) as tracker:
+        uri = log(tracker, "pretrain", tmp_path / "lm", shared_data)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"] = "10"
+    (tmp_path / "serve").mkdir()
+    prompts = {"columns": ["prompt"], "data": [["Every effort moves you"]] * 40}
+    with served_model(uri, tmp_path / "serve", env) as url:
+        one_line_refusal(
+            *invoke(url, {"dataframe_split": prompts, "params": {"max_new_tokens": 10_000}}),
+            "the request takes longer than the scoring server allows (MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT: "
+            "10 s), so it was stopped after 9 s: ask for fewer max_new_tokens or rows, or serve with a longer "
+            "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT",
+        )
+        status, reply = invoke(url, {"dataframe_split": prompts, "params": {"max_new_tokens": 3}})
+        assert status == 200 and len(reply["predictions"]) == 40

@@ -190,3 +190,47 @@ def test_a_store_left_mid_transaction_by_a_killed_process_is_rolled_back_and_use
         tables = {name for (name,) in store.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         names = [name for (name,) in store.execute("SELECT name FROM experiments")]
     assert "unfinished" not in tables and not any(name.endswith("-half") for name in names)
+
+
+# A stage's MLflow run, started once the file named by argv[1] exists: so two start together.
+STAGE_AT_ONCE = """\
+import sys, time
+from pathlib import Path
+import mlflow  # before the start: what each process loads first takes it a second or more
+from gptlab.tracking.runs import stage_run
+print("ready", flush=True)
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.005)
+with stage_run(sys.argv[2], "gptlab", {"toy": 1}, system_metrics=False) as run:
+    run.log_metrics({"toy/x": 1.0})
+"""
+
+
+@pytest.mark.slow
+def test_two_pipelines_starting_at_once_on_a_new_store_both_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row 80: both created the store's tables and ran its migrations, and one failed ("duplicate column
+    name: step", or alembic's "expected to match one row")."""
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    go = tmp_path / "go"
+    stages = [
+        subprocess.Popen(
+            [sys.executable, "-c", STAGE_AT_ONCE, str(go), name],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("first", "second")
+    ]
+    assert [stage.stdout.readline().strip() for stage in stages] == ["ready", "ready"]
+    go.touch()
+    for stage in stages:
+        out, err = stage.communicate(timeout=300)
+        assert stage.returncode == 0, err[-2000:]
+    with closing(sqlite3.connect(db)) as store:
+        finished = store.execute("SELECT name, status FROM runs ORDER BY name").fetchall()
+    assert finished == [("first", "FINISHED"), ("second", "FINISHED")]

@@ -9,6 +9,10 @@ which keeps the trained state, so the rerun trains nothing again and logs a comp
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -17,20 +21,33 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mlflow.tracking import MlflowClient
 from torch import nn
 
 from gptlab.cli.main import main
 from gptlab.data.verdict import GPTDatasetV1
+from gptlab.experiments.profiles import dvc_executable
 from gptlab.model.build import build_gpt
 from gptlab.model.checkpoint import list_checkpoints
 from gptlab.model.config import ModelConfig
 from gptlab.pipeline.training_stage import DatasetRead, training_run
+from gptlab.tracking.runs import rerun_command
 from gptlab.tracking.store import TrackingLost
 from gptlab.training.loop import TrainResult
 from gptlab.training.losses import next_token_loss
 
-from helpers import MlflowServer, checkpoint_config, committed_params, free_port, train_config, wait_for
+from helpers import (
+    MlflowServer,
+    checkpoint_config,
+    committed_params,
+    committed_params_text,
+    dvc,
+    free_port,
+    git,
+    train_config,
+    wait_for,
+)
 
 TINY = ModelConfig(vocab_size=300, context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
 # 3 epochs of 5 steps, an evaluation every 2 steps and a checkpoint at every epoch's end.
@@ -99,9 +116,9 @@ def train(
         return result
 
 
-def runs_of(uri: str, name: str) -> list:
+def runs_of(uri: str, name: str, experiment_name: str | None = None) -> list:
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(committed_params().tracking.experiment)
+    experiment = client.get_experiment_by_name(experiment_name or committed_params().tracking.experiment)
     return client.search_runs([experiment.experiment_id], filter_string=f"tags.`gptlab.stage` = '{name}'")
 
 
@@ -184,3 +201,127 @@ def test_a_server_killed_for_good_ends_the_stage_within_the_tracking_timeout(
     waited = time.monotonic() - killed[0]
     assert "waited 3 s" in str(lost.value) and "\n" not in str(lost.value)
     assert waited < 3 + 20, f"the stage failed {waited:.1f} s after the server died"
+
+
+# A training stage as the real ones run (stage_main, training_run, publish, its model registered), tiny.
+# With KILL_SERVER set, it kills the tracking server's process group after its first epoch.
+TOY_STAGE = """\
+import dataclasses, os, signal
+from pathlib import Path
+import torch
+from gptlab.data.verdict import GPTDatasetV1
+from gptlab.experiments.profiles import dvc_executable
+from gptlab.model.build import build_gpt
+from gptlab.model.config import ModelConfig
+from gptlab.pipeline.stage import stage_main
+from gptlab.pipeline.training_stage import DatasetRead, Reports, loss_table, training_run
+from gptlab.training.losses import next_token_loss
+
+CFG = ModelConfig(context_length=8, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0)
+
+
+def windows(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, CFG.vocab_size, (n * CFG.context_length + 1,), generator=generator)
+    return GPTDatasetV1(ids.tolist(), CFG.context_length, CFG.context_length)
+
+
+def run(params):
+    loop = dataclasses.replace(
+        params.pretrain.train, device="cpu", batch_size=4, epochs=3, lr=5e-3, eval_freq=2, eval_iter=1
+    )
+
+    def kill_the_server(epoch, model):
+        if epoch == 1 and os.environ.get("KILL_SERVER"):
+            os.killpg(int(os.environ["KILL_SERVER"]), signal.SIGKILL)
+        return {}
+
+    data = Path("toy.txt")
+    torch.manual_seed(0)
+    dataset = DatasetRead("toy", data, {"train_rows": 22})
+    with training_run("toy", params, logged={"toy": 1}, fingerprint={"toy": 1}, inputs=[data], dataset=dataset) as stage:
+        model = build_gpt(CFG)
+        result = stage.fit(model, windows(22, 1), windows(5, 2), loop, next_token_loss, on_epoch_end=kill_the_server)
+        losses = loss_table(result.history, ["step", "train_loss", "val_loss"])
+        reports = Reports(Path("reports/toy"), {"steps": result.steps}, {"train_rows": 22}, losses)
+        reports.folder.mkdir(parents=True, exist_ok=True)
+        stage.publish(model, Path("models/toy"), {"stage": "toy"}, reports, result, kind="pretrain", model_defaults={})
+
+
+stage_main(run, "a toy training stage")
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_whose_server_was_lost_for_good_is_completed_by_the_command_its_error_names(
+    tmp_path: Path, server: MlflowServer, shared_data: Path
+) -> None:
+    """Row 81: the line said "rerun the stage once the server answers", but `dvc repro` then found the
+    outputs written and skipped it: the runs stayed RUNNING and no model was registered. The line now
+    names the command; run once the server is back, it trains nothing again and registers the model once."""
+    project = tmp_path / "project"
+    project.mkdir()
+    params = yaml.safe_load(committed_params_text())
+    params["tracking"].update(experiment="lost-for-good", system_metrics=False)
+    (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    data = committed_params().data
+    for bpe in data.bpe_files():  # the registered model carries GPT-2's BPE files
+        (project / bpe).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shared_data / bpe.relative_to(data.raw_dir), project / bpe)
+    (project / "toy_stage.py").write_text(TOY_STAGE, encoding="utf-8")
+    (project / "toy.txt").write_text("toy", encoding="utf-8")
+    stage = {
+        "cmd": f"{sys.executable} toy_stage.py",
+        "deps": ["toy_stage.py", "toy.txt"],
+        "outs": ["models/toy"],
+    }
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"toy": stage}}), encoding="utf-8")
+    git(project, "init", "-q")
+    dvc(project, "init", "-q")
+
+    env = {**os.environ, "KILL_SERVER": str(server.process.pid)}
+    lost = subprocess.run(
+        [dvc_executable(), "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert lost.returncode != 0 and not server.running
+    said = [
+        line
+        for line in (lost.stdout + lost.stderr).splitlines()
+        if "stopped answering during the run" in line
+    ]
+    assert len(said) == 1, lost.stdout + lost.stderr
+    command = re.search(r"run `([^`]+)`", said[0])
+    assert command is not None, said[0]
+    assert command.group(1) == "dvc repro -f -s toy"
+
+    server.start()
+    program, *args = shlex.split(command.group(1))
+    assert program == "dvc"
+    rerun = subprocess.run(
+        [dvc_executable(), *args], cwd=project, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr[-3000:]
+    client = MlflowClient(tracking_uri=server.uri)
+    (version,) = client.search_model_versions("name = 'lost-for-good-pretrain'")
+    runs = {run.info.status: run for run in runs_of(server.uri, "toy", "lost-for-good")}
+    assert sorted(runs) == ["FINISHED", "KILLED"]
+    assert version.run_id == runs["FINISHED"].info.run_id
+    assert runs["FINISHED"].data.metrics["toy/steps"] == 15
+
+
+def test_the_rerun_named_goes_to_the_smoke_workspace_first_and_a_stage_run_alone_reruns_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    workspace = project / ".gptlab" / "smoke"
+    workspace.mkdir(parents=True)
+    for folder in (project, workspace):
+        (folder / "dvc.yaml").write_text("stages: {}\n", encoding="utf-8")
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "smoke-20261207-1200-abc")  # as `gptlab smoke` sets it
+    assert rerun_command("eval").startswith(f"`cd {workspace} && dvc repro -f -s eval` (forced: ")
+    monkeypatch.chdir(project)
+    assert rerun_command("eval").startswith("`dvc repro -f -s eval` (forced: ")
+    monkeypatch.delenv("GPTLAB_PIPELINE_RUN")
+    monkeypatch.setattr(sys, "argv", ["stages/eval.py", "--params", "my params.yaml"])
+    assert rerun_command("eval") == "`python stages/eval.py --params 'my params.yaml'`"

@@ -15,10 +15,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +121,22 @@ def read_marker(workdir: Path) -> dict[str, Any]:
         marker = json.loads(marker_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         marker = exc
-    if not isinstance(marker, dict) or not isinstance(marker.get("finished"), bool):
+    if not _well_formed(marker):
         raise GptlabError(
             f"{workdir}: its smoke run record {marker_file} is damaged, so what a user added there "
             "cannot be told from the run's own; nothing was deleted. Pass --fresh to replace the "
             "workspace, or --workdir to run elsewhere"
         )
     return marker
+
+
+def _well_formed(marker: object) -> bool:
+    """A record as `mark_workspace` writes it: a finished run's holds its files and refs, a running one's its refs."""
+    if not isinstance(marker, dict) or not isinstance(marker.get("finished"), bool):
+        return False
+    refs = marker.get("refs", [] if not marker["finished"] else None)  # an older running record holds none
+    refs_ok = isinstance(refs, list) and all(isinstance(ref, str) for ref in refs)
+    return refs_ok and (not marker["finished"] or isinstance(marker.get("files"), dict))
 
 
 def later_work(workdir: Path) -> list[str]:
@@ -290,21 +301,78 @@ def run_logged(command: list[str], workdir: Path, env: Mapping[str, str], log: P
     tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL)
     with log.open("w", encoding="utf-8") as out:
         child = subprocess.Popen(
-            command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its group, stages included, is stopped as one (_signals_passed_on)
         )
         assert child.stdout is not None, "piped"
-        for line in child.stdout:
-            out.write(line)
-            tail.append(line.rstrip("\n"))
-            if verbose:
-                print(line, end="", flush=True)
-            elif (stage := stage_started(line)) is not None:
-                number = f"{stages.index(stage) + 1}/{len(stages)}" if stage in stages else "-"
-                print(progress_line(number, stage, time.monotonic() - started), flush=True)
-        returncode = child.wait()
+        with _signals_passed_on(child) as stopped_by:
+            for line in child.stdout:
+                out.write(line)
+                out.flush()  # the log holds every line as it comes, whatever stops this process
+                tail.append(line.rstrip("\n"))
+                if verbose:
+                    print(line, end="", flush=True)
+                elif (stage := stage_started(line)) is not None:
+                    number = f"{stages.index(stage) + 1}/{len(stages)}" if stage in stages else "-"
+                    print(progress_line(number, stage, time.monotonic() - started), flush=True)
+            returncode = child.wait()
+    if stopped_by:
+        name = "SIGTERM" if stopped_by[0] == signal.SIGTERM else "SIGINT (Ctrl-C)"
+        print(f"\nstopped by {name}: the stages' output is in {log}; rerun `gptlab smoke`", file=sys.stderr)
+        raise SystemExit(128 + stopped_by[0])  # the shell's code: 143 for SIGTERM, 130 for Ctrl-C
     if returncode and not verbose:
         print("\n".join(tail))
     return returncode
+
+
+# Seconds `dvc exp run` has to stop its stage (each ends its MLflow run) before it is killed.
+STOP_TIMEOUT_S = 30
+
+
+@contextlib.contextmanager
+def _signals_passed_on(child: subprocess.Popen[str]) -> Iterator[list[int]]:
+    """Within the block, SIGTERM and Ctrl-C are passed on to `dvc exp run`'s process group, stages included.
+
+    DVC exits on SIGTERM and leaves its stage running; the stage stops on it as it should (its
+    MLflow run ends KILLED). The block reads on, so what they print as they stop is logged
+    too. The list yields the signals seen; the group is killed if it has not exited
+    STOP_TIMEOUT_S after the first, and a second signal acts as it did before. Outside the
+    main thread (which alone takes signals), nothing is passed on.
+    """
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    killer = threading.Timer(STOP_TIMEOUT_S, _signal_group, (child, signal.SIGKILL))
+    killer.daemon = True
+
+    def pass_on(signum: int, frame: object) -> None:
+        signal.signal(signum, previous[signum])
+        if not seen:
+            killer.start()
+        seen.append(signum)
+        _signal_group(child, signum)
+
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) or signal.SIG_DFL for signum in handled}
+    for signum in handled:
+        signal.signal(signum, pass_on)
+    try:
+        yield seen
+    finally:
+        killer.cancel()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _signal_group(child: subprocess.Popen[str], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # all of it has exited already
+        os.killpg(child.pid, signum)
 
 
 def progress_line(number: str, stage: str, elapsed_s: float) -> str:

@@ -28,7 +28,7 @@ from gptlab.tasks.config import LoraConfig, Trainable
 from gptlab.tasks.fine_tune import adds_lora
 from gptlab.tracking.buffered_run import StageRun, stage_metrics
 from gptlab.tracking.registry import log_model
-from gptlab.tracking.runs import stage_run
+from gptlab.tracking.runs import rerun_command, stage_run
 from gptlab.training.config import TrainConfig
 from gptlab.training.distributed import is_main
 from gptlab.training.loop import TrainResult, fit
@@ -258,6 +258,6 @@ def training_run(
         tracker.log_input(dataset.name, dataset.path, context="training", profile=dataset.profile)
         yield TrainingRun(params, tracker, run_dir, finish_saving)
         tracker.ensure_sent(
-            f"the outputs are written and the trained state is kept in {run_dir}; rerun the stage once "
-            "the server answers: it resumes there, trains nothing again and logs a complete run"
+            f"the outputs are written and the trained state is kept in {run_dir}; once the server answers, "
+            f"run {rerun_command(stage)}: it resumes there, trains nothing again and logs a complete run"
         )

@@ -30,12 +30,16 @@ Each request is checked as `gptlab classify` and `gptlab chat` check theirs
 or a mapping is refused, not turned into text), the required ones non-empty, and
 the params in range. An input it cannot answer is a `BadModelInput`: one line
 naming the field, which `mlflow models serve` sends as a 400 reply without a
-stack trace.
+stack trace. So is a generation still running when most of the scoring server's
+timeout has passed (`_within_timeout`): it stops there, rather than on after a 504.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, get_args
 
 import mlflow.pyfunc
@@ -47,6 +51,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from gptlab.model.checkpoint import load_model
 from gptlab.model.config import SampleConfig
 from gptlab.model.generate import generate_text
+from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.serving.specs import KIND_KEY, KINDS
 from gptlab.tasks import request
@@ -57,6 +62,10 @@ from gptlab.training.runtime import Precision, inference_dtype, resolve_device
 
 DEVICE_ENV = "GPTLAB_DEVICE"
 PRECISION_ENV = "GPTLAB_PRECISION"
+# MLflow's scoring server answers 504 after this many seconds (default 60), and lets the request's work go on.
+TIMEOUT_ENV = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"
+# The share of that timeout a generating request may work: its refusal reaches the caller before the 504.
+WORK_SHARE = 0.9
 
 
 class _Checkpoint(mlflow.pyfunc.PythonModel):
@@ -118,18 +127,23 @@ class InstructionModel(_Checkpoint):
         max_new_tokens = request.max_new_tokens(params.get("max_new_tokens", default))
         sampling = _sampling(params)
         responses = []
-        for instruction, text in zip(instructions, inputs, strict=True):
-            fitted = fit_to_context(
-                self.tokenizer,
-                {"instruction": instruction, "input": text, "output": ""},
-                context_length=self.model.cfg.context_length,
-                max_new_tokens=max_new_tokens,
-            )
-            responses.append(
-                generate_response(
-                    self.model, self.tokenizer, fitted.entry, max_new_tokens=fitted.max_new_tokens, **sampling
+        with _within_timeout(self.model):
+            for instruction, text in zip(instructions, inputs, strict=True):
+                fitted = fit_to_context(
+                    self.tokenizer,
+                    {"instruction": instruction, "input": text, "output": ""},
+                    context_length=self.model.cfg.context_length,
+                    max_new_tokens=max_new_tokens,
                 )
-            )
+                responses.append(
+                    generate_response(
+                        self.model,
+                        self.tokenizer,
+                        fitted.entry,
+                        max_new_tokens=fitted.max_new_tokens,
+                        **sampling,
+                    )
+                )
         return pd.DataFrame({"response": responses})
 
 
@@ -146,9 +160,10 @@ class TextGenerator(_Checkpoint):
         max_new_tokens = request.max_new_tokens(params.get("max_new_tokens", 50))
         sampling = _sampling(params)
         texts = []
-        for prompt in prompts:
-            sample = SampleConfig(prompt, max_new_tokens, **sampling)
-            texts.append(generate_text(self.model, self.tokenizer, sample))
+        with _within_timeout(self.model):
+            for prompt in prompts:
+                sample = SampleConfig(prompt, max_new_tokens, **sampling)
+                texts.append(generate_text(self.model, self.tokenizer, sample))
         return pd.DataFrame({"text": texts})
 
 
@@ -200,6 +215,33 @@ class BadModelInput(MlflowException, ValueError):
     def message(self, value: str) -> None:
         if not hasattr(self, "_line"):  # MlflowException.__init__'s; the server's rewrite is ignored
             self._line = value
+
+
+@contextmanager
+def _within_timeout(model: GPTModel) -> Iterator[None]:
+    """The block generates until WORK_SHARE of the scoring server's timeout has passed, then stops: a ValueError.
+
+    MLflow's server gives a request up after MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT s (a 504) but
+    not its work: 10,000 new tokens kept a core busy a minute after. Every new token passes the
+    output head, which checks the time: a request answers in time, or is refused in one line
+    (a 400) while its caller still waits, and its work ends there.
+    """
+    timeout = float(os.environ.get(TIMEOUT_ENV) or 60)
+    deadline = time.monotonic() + WORK_SHARE * timeout
+
+    def check(module: torch.nn.Module, args: object) -> None:
+        if time.monotonic() > deadline:
+            raise ValueError(
+                f"the request takes longer than the scoring server allows ({TIMEOUT_ENV}: {timeout:g} s), "
+                f"so it was stopped after {WORK_SHARE * timeout:g} s: ask for fewer max_new_tokens or rows, "
+                f"or serve with a longer {TIMEOUT_ENV}"
+            )
+
+    handle = model.out_head.register_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _sampling(params: dict[str, Any]) -> dict[str, Any]:

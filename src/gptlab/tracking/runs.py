@@ -25,12 +25,16 @@ import it at theirs.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptlab.files import process_alive
+from gptlab.paths import project_root
 from gptlab.tracking import lineage
 from gptlab.tracking.buffered_run import NULL_RUN, StageRun, metric_prefix
 from gptlab.tracking.pipeline_run import PARENT_TAG, end_parent, open_parent
@@ -39,6 +43,7 @@ from gptlab.tracking.store import (
     TrackingLost,
     bound_http_calls,
     check_reachable,
+    create_store,
     ensure_experiment,
     first_line,
     imported_mlflow,
@@ -95,6 +100,7 @@ def stage_run(
     if masked_uri(uri) != uri:  # MLflow would print the run's URL with the password: printed masked below
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with store_errors(uri):
+        create_store(uri)
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
         experiment_id = ensure_experiment(client, experiment)
@@ -116,14 +122,16 @@ def stage_run(
         key_params = {key: params[key] for key in KEY_PARAMS if key in params}
         stage_run.log_pipeline_params({**lineage.effective_params(), **key_params})
         yield stage_run
-        stage_run.ensure_sent("the stage's outputs are written; rerun it once the server answers")
+        stage_run.ensure_sent(
+            f"the stage's outputs are written; once the server answers, run {rerun_command(stage)}"
+        )
     except KeyboardInterrupt:
-        _end_run(stage_run, "KILLED")
+        _end_run(stage_run, "KILLED", stage)
         raise
     except BaseException:
-        _end_run(stage_run, "FAILED")
+        _end_run(stage_run, "FAILED", stage)
         raise
-    _end_run(stage_run, "FINISHED")
+    _end_run(stage_run, "FINISHED", stage)
     if masked_uri(uri) != uri:
         print(
             f"🏃 View run at: {masked_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
@@ -141,7 +149,28 @@ def run_title(name: str, variant: str | None = None) -> str:
     return f"{name} · {label}" if label else name
 
 
-def _end_run(run: StageRun, status: str) -> None:
+def rerun_command(stage: str) -> str:
+    """The command, quoted, that reruns `stage` once a lost tracking server answers again.
+
+    Under DVC it is forced (`dvc repro -f -s STAGE`): the failed run wrote the stage's outputs,
+    which equal dvc.lock's when the stage ran before with the same params and data, so a plain
+    `dvc repro` skips it and its logging is never sent. A workspace other than the project
+    (the smoke's) is named with `cd`. Run alone, the stage's own command line.
+    """
+    if lineage.alone(lineage.pipeline_run_id()):
+        script, *args = sys.argv or [""]
+        if script in ("", "-c", "-m"):  # an interpreter's command, not a script's
+            return "the stage again"
+        program = ["python", script] if script.endswith(".py") else [Path(script).name]
+        return f"`{shlex.join([*program, *args])}`"
+    here = Path.cwd().resolve()
+    cd = "" if here == project_root().resolve() else f"cd {shlex.quote(str(here))} && "
+    return (
+        f"`{cd}dvc repro -f -s {stage}` (forced: a plain `dvc repro` finds its outputs written and skips it)"
+    )
+
+
+def _end_run(run: StageRun, status: str, stage: str) -> None:
     """End the active run. On a lost server it ends here only (its rerun marks it KILLED there),
     and a run that would have FINISHED fails the stage."""
     try:
@@ -156,7 +185,7 @@ def _end_run(run: StageRun, status: str) -> None:
         if status == "FINISHED":
             raise TrackingLost(
                 f"MLflow tracking server {masked_uri(run.uri)} stopped answering as the run ended ({first_line(exc)}): "
-                "the stage's outputs are written; rerun it once the server answers"
+                f"the stage's outputs are written; once the server answers, run {rerun_command(stage)}"
             ) from None
 
 

@@ -10,6 +10,7 @@ imported on first use (`imported_mlflow`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -146,6 +147,27 @@ def tracking_timeout() -> float:
     return float(os.environ.get(TIMEOUT_ENV, "10"))
 
 
+def create_store(uri: str) -> None:
+    """Open the store once, creating a new SQLite store's tables under a lock: whoever comes second waits.
+
+    MLflow creates a new store's tables, then runs its schema migrations, as a process first
+    opens it; two doing so at once (two pipelines started together) break each other's
+    ("duplicate column name: step"). The lock is an flock on the store's folder, so no lock
+    file is left beside it; it is held while this process opens the store (MLflow keeps it open).
+    """
+    if not uri.startswith("sqlite:///"):
+        return  # a server creates its own store, once, as it starts
+    folder = Path(uri.removeprefix("sqlite:///").partition("?")[0]).absolute().parent
+    if not folder.is_dir():
+        return  # MLflow's own error says so
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        imported_mlflow().MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    finally:
+        os.close(descriptor)  # and the lock with it
+
+
 def prepare_store(experiments: list[str]) -> None:
     """Create the tracking store (a new SQLite file is migrated here, once) and the named experiments.
 
@@ -155,6 +177,7 @@ def prepare_store(experiments: list[str]) -> None:
     uri = tracking_uri()
     check_reachable(uri)
     with store_errors(uri):
+        create_store(uri)
         client = imported_mlflow().MlflowClient(tracking_uri=uri)
         for name in experiments:
             ensure_experiment(client, name)
