@@ -15,6 +15,7 @@ from gptlab.data.config import InstructFields, InstructSplit, PreferenceFields, 
 from gptlab.errors import InputError
 from gptlab.pipeline.params import Params
 from gptlab.schema import ConfigError, build
+from gptlab.tasks.config import PROMPT_TEMPLATE_TOKENS
 from gptlab.tracking.lineage import dvc_md5
 from stages import tokenize_data as tokenize_stage
 
@@ -245,3 +246,27 @@ def test_a_bad_own_file_stops_the_stage_before_anything_is_written(
     with pytest.raises(InputError, match=r"own/pairs\.json: record 0 has no field 'bad'"):
         tokenize_stage.run(own_params(tmp_path, shared_data))
     assert not (tmp_path / "data").exists() and not (tmp_path / "reports").exists()
+
+
+# --------------------------------------------------------------------------- room for an answer
+
+
+def test_the_prompt_template_takes_the_tokens_the_params_check_counts(tokenizer) -> None:
+    empty = instruct.format_prompt({"instruction": "", "input": ""})
+    assert len(tokenizer.encode(empty)) == PROMPT_TEMPLATE_TOKENS
+
+
+def test_a_length_that_cuts_a_prompt_before_its_answer_is_refused_naming_the_key(tokenizer) -> None:
+    records = [{**r, "input": "", "output": r["chosen"]} for r in PAIRS]
+    records[2] = {**records[2], "instruction": "Greet everyone here. " * 20}
+    dataset = preference.PreferenceDataset(records, tokenizer)
+    longest = dataset.prompt_lengths[2]
+    # the prompt ends with its response header: the answer's first token comes next
+    assert tokenizer.decode(dataset[2]["chosen"][longest:]) == records[2]["chosen"]
+    instruct.require_room({"train": dataset.prompt_lengths}, longest + 1, "preference.allowed_max_length")
+    with pytest.raises(
+        InputError,
+        match=rf"preference\.allowed_max_length: {longest} cannot hold a prompt and its answer: the train "
+        rf"split's record 2 has a prompt of {longest} tokens; set it to {longest + 1} or more",
+    ):
+        instruct.require_room({"train": dataset.prompt_lengths}, longest, "preference.allowed_max_length")
