@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from gptlab.data import instruct, preference
 from gptlab.data.config import InstructFields, InstructSplit, PreferenceFields, PreferenceSplit
 from gptlab.errors import InputError
-from gptlab.pipeline.params import Params
+from gptlab.pipeline.params import Params, load_params
 from gptlab.schema import ConfigError, build
 from gptlab.tasks.config import PROMPT_TEMPLATE_TOKENS
 from gptlab.tracking.lineage import dvc_md5
 from stages import tokenize_data as tokenize_stage
 
-from helpers import committed_params
+from helpers import PROJECT_ROOT, committed_params, committed_params_raw
 
 INSTRUCTIONS = [
     {
@@ -270,3 +272,50 @@ def test_a_length_that_cuts_a_prompt_before_its_answer_is_refused_naming_the_key
         rf"split's record 2 has a prompt of {longest} tokens; set it to {longest + 1} or more",
     ):
         instruct.require_room({"train": dataset.prompt_lengths}, longest, "preference.allowed_max_length")
+
+
+# --------------------------------------------------------------------------- docs/own-data.md and its example
+
+
+def docs_section() -> str:
+    text = (PROJECT_ROOT / "docs" / "own-data.md").read_text(encoding="utf-8")
+    return text.split("## Your own instructions and preferences")[1].split("\n## ")[0]
+
+
+def test_the_docs_params_load_and_read_the_example_files(tmp_path: Path, tokenizer) -> None:
+    (block,) = re.findall(r"```yaml\n(.*?)```", docs_section(), re.S)
+    raw = committed_params_raw()
+    for section, values in yaml.safe_load(block)["tokenize"].items():
+        raw["tokenize"][section].update(values)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    cfg = load_params(tmp_path / "params.yaml").tokenize
+    for split_ in (cfg.instruct, cfg.preference):
+        assert not split_.is_book("data/raw", committed_params().data.sources.instruction_data)
+    records = instruct.read_splits(cfg.instruct, PROJECT_ROOT / cfg.instruct.path)
+    pairs = preference.read_splits(cfg.preference, PROJECT_ROOT / cfg.preference.path, tokenizer, book=False)
+    assert records.total == pairs.total == 20 and not pairs.dropped
+    assert {name: len(part) for name, part in pairs.splits.items()} == {"train": 17, "test": 2, "val": 1}
+    # the pairs ask what the instructions ask, in the same order
+    assert [r["instruction"] for r in records.splits["train"]] == [
+        r["instruction"] for r in pairs.splits["train"]
+    ]
+
+
+def test_the_docs_warning_is_what_tokenize_prints(tmp_path: Path, tokenizer) -> None:
+    (shown,) = re.findall(r"```\nwarning: (.*)\n```", docs_section())
+    lines = (
+        (PROJECT_ROOT / "examples" / "own-data" / "preferences.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    )
+    records = [json.loads(line) for line in lines]
+    records[1]["chosen"] = ""
+    records[4]["rejected"] = records[4]["chosen"]
+    records[7]["rejected"] = "no " * 2000
+    path = tmp_path / "examples" / "own-data" / "preferences.jsonl"
+    path.parent.mkdir(parents=True)
+    write(path, records, "jsonl")
+    cfg = load_params().tokenize.preference
+    cfg = dataclasses.replace(cfg, fields=PreferenceFields(instruction="prompt", input="context"))
+    pairs = preference.read_splits(cfg, path, tokenizer, book=False)
+    assert preference.describe_dropped(pairs, path.relative_to(tmp_path)) == shown
