@@ -35,6 +35,7 @@ from gptlab.data.instruct import (
     InstructionDataset,
     instruction_collate,
     load_split,
+    require_room,
     split_path,
 )
 from gptlab.files import write_json
@@ -74,6 +75,8 @@ def run(params: Params) -> None:
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     datasets = {split: InstructionDataset(records, tokenizer) for split, records in splits.items()}
     require_one_batch(len(datasets["train"]), cfg.train.batch_size, "instruct.train.batch_size")
+    lengths = {split: datasets[split].prompt_lengths for split in ("train", "val")}
+    require_room(lengths, cfg.allowed_max_length, "instruct.allowed_max_length")
     collate = functools.partial(
         instruction_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 import tiktoken
 import torch
 
-from gptlab.data.instruct import SPLITS
+from gptlab.data.instruct import SPLITS, require_room
 from gptlab.data.preference import SUBDIR, PreferenceDataset, load_split, preference_collate, split_path
 from gptlab.files import write_figure, write_json
 from gptlab.model.checkpoint import load_model, read_config
@@ -76,6 +76,8 @@ def run(params: Params) -> None:
     tokenizer = gpt2_tokenizer(*params.data.bpe_files())
     datasets = {split: PreferenceDataset(records, tokenizer) for split, records in splits.items()}
     require_one_batch(len(datasets["train"]), cfg.train.batch_size, "preference.train.batch_size")
+    lengths = {split: datasets[split].prompt_lengths for split in ("train", "val")}
+    require_room(lengths, cfg.allowed_max_length, "preference.allowed_max_length")
     collate = functools.partial(
         preference_collate, allowed_max_length=cfg.allowed_max_length, mask_prompt=cfg.mask_prompt
     )

@@ -6,10 +6,14 @@ instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
 report); with corpus.name gutenberg, also the books as token shards,
 gutenberg/{train,val}-NNNNN.bin and books.json (corpus_shards.py).
+The instructions and pairs may be files of the user's own (tokenize.instruct.path,
+tokenize.preference.path): read and checked before anything is written, the
+degenerate pairs dropped and named (their counts then under `preference`).
 Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
-and to the stage's MLflow run as `counts.*` params; the three raw datasets are
-the run's inputs, with their DVC content hash and split sizes.
+and to the stage's MLflow run as `counts.*` params; the raw datasets are
+the run's inputs, with their DVC content hash and split sizes (the user's own
+ones also the pipeline run's, tracking.buffered_run.StageRun.log_own_data).
 
 (Named tokenize_data.py, not tokenize.py: a script's folder goes first on the
 import path, and a stages/tokenize.py would shadow the standard library's.)
@@ -23,6 +27,7 @@ answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --hel
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +57,18 @@ def run(params: Params) -> None:
         raise FileNotFoundError(
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
+    own = _own_files(params)
     corpus = params.corpus.gutenberg
     books = corpus_books(corpus, params.data.raw_dir) if params.corpus.name == "gutenberg" else []
     books_dir = Path(params.data.raw_dir) / corpus.path
     require_books(books, books_dir)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
+    raw_dir = params.data.raw_dir
+    instructions = instruct.read_splits(
+        cfg.instruct, cfg.instruct.records_path(raw_dir, sources.instruction_data)
+    )
+    pairs_path = cfg.preference.records_path(raw_dir, sources.instruction_preference)
+    pairs = preference.read_splits(cfg.preference, pairs_path, tokenizer, book="preference" not in own)
     logged = {
         "data.raw_dir": params.data.raw_dir,
         "data.processed_dir": params.data.processed_dir,
@@ -79,22 +91,9 @@ def run(params: Params) -> None:
                 val_frac=cfg.spam.val_frac,
                 max_rows=cfg.spam.max_rows,
             ),
-            "instruct": instruct.prepare(
-                inputs["instruction_data"],
-                processed_dir,
-                tokenizer,
-                train_frac=cfg.instruct.train_frac,
-                test_frac=cfg.instruct.test_frac,
-                max_records=cfg.instruct.max_records,
-            ),
+            "instruct": instruct.write_splits(instructions, processed_dir, tokenizer),
         }
-        preference.prepare(
-            inputs["instruction_preference"],
-            processed_dir,
-            train_frac=cfg.preference.train_frac,
-            test_frac=cfg.preference.test_frac,
-            max_records=cfg.preference.max_records,
-        )
+        metrics.update(_write_pairs(pairs, pairs_path, processed_dir, own="preference" in own))
         if books:
             metrics["gutenberg"] = tokenize_books(
                 books,
@@ -111,13 +110,46 @@ def run(params: Params) -> None:
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):
             source = {"verdict": "the_verdict", "spam": "sms_spam", "instruct": "instruction_data"}[name]
-            tracker.log_input(name, inputs[source], context="source", profile=_split_sizes(metrics[name]))
+            if name not in own:
+                tracker.log_input(name, inputs[source], context="source", profile=_split_sizes(metrics[name]))
+        for name, path in own.items():
+            tracker.log_own_data(name, path, profile=_split_sizes(metrics[name]))
         tracker.log_artifact(REPORT, "tokenize")
         example = instruct.load_split(processed_dir, "train")[:1]
         if example:
             prompt = instruct.format_prompt(example[0]) + example[0]["output"]
             tracker.log_text(prompt, "tokenize/instruct_example.txt")
     print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _own_files(params: Params) -> dict[str, Path]:
+    """The instructions and pairs read from files of the user's own (not the book's), each there to read."""
+    cfg, sources = params.tokenize, params.data.sources
+    own = {
+        name: Path(split.path)
+        for name, split, source in (
+            ("instruct", cfg.instruct, sources.instruction_data),
+            ("preference", cfg.preference, sources.instruction_preference),
+        )
+        if not split.is_book(params.data.raw_dir, source)
+    }
+    for name, path in own.items():
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"tokenize.{name}.path: {path} not found (a file of your own, in the project)"
+            )
+    return own
+
+
+def _write_pairs(pairs: preference.Pairs, path: Path, processed_dir: Path, *, own: bool) -> dict[str, Any]:
+    """Write the preference splits, naming the pairs dropped; their counts where the book's run had none.
+
+    The book's pairs are the preference stage's to count, as they always were, unless some were dropped.
+    """
+    counts = preference.write_splits(pairs, processed_dir)
+    if (dropped := preference.describe_dropped(pairs, path)) is not None:
+        print(f"warning: {dropped}", file=sys.stderr)
+    return {"preference": counts} if own or pairs.dropped else {}
 
 
 def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:

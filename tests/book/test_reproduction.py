@@ -362,6 +362,65 @@ def test_a_profiles_run_off_the_book_says_why_in_its_row(
     assert not (reports / "REPRODUCTION.md").exists()
 
 
+def test_figures_of_a_stage_on_data_of_your_own_are_other_data_not_compared(
+    tmp_path: Path, reports: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (reports / "tokenize").mkdir()
+    counts = {
+        "verdict": {"train": {"chars": 18431}, "val": {"chars": 2048}},
+        "instruct": {"train": {"records": 14}},
+    }
+    (reports / "tokenize" / "counts.json").write_text(json.dumps(counts), encoding="utf-8")
+    (reports / "preference").mkdir()
+    (reports / "preference" / "counts.json").write_text(json.dumps({"train_records": 14}), encoding="utf-8")
+    rows = [
+        figure(
+            "chars",
+            book="20,479",
+            ours={"file": "tokenize/counts.json", "key": ["verdict.train.chars", "verdict.val.chars"]},
+        ),
+        figure(
+            "instructions", book="935", ours={"file": "tokenize/counts.json", "key": "instruct.train.records"}
+        ),
+        figure("pairs", book="935", ours={"file": "preference/counts.json", "key": "train_records"}),
+        figure("loss", book="10.987"),
+    ]
+    book = small_book(tmp_path / "book.yaml", *rows)
+    project = reports.parent
+    own = {
+        "tokenize": {"instruct": {"path": "examples/own-data/instructions.jsonl"}},
+        "gpt2": {"source": "pretrain"},
+    }
+    write_yaml(project / "params.yaml", own)
+
+    def statuses() -> dict[str, str]:
+        assert main(["report", "--reports", str(reports), "--book", str(book), "--out", "-"]) == 0
+        out = capsys.readouterr().out
+        return {
+            line.split("`")[1]: line.split(" | ")[5]
+            for line in out.splitlines()
+            if line.startswith("| figure ") and "`" in line
+        }
+
+    got = statuses()
+    why = (
+        "other data: instructions of your own (tokenize.instruct.path: examples/own-data/instructions.jsonl), "
+        "not the book's: not compared"
+    )
+    # the instructions' counts and the DPO stage that starts from their model; the Verdict and pretrain compared
+    assert got == {"chars": "✓", "instructions": why, "pairs": why, "loss": "✓"}
+    # the book's file, even under another data.raw_dir, is the book's
+    own["tokenize"]["instruct"]["path"] = "inputs/instruction-data.json"
+    own["data"] = {"raw_dir": "inputs"}
+    write_yaml(project / "params.yaml", own)
+    assert statuses() == {
+        "chars": "✓",
+        "instructions": "✗: off by 921.0, more than the tolerance",
+        "pairs": "✗: off by 921.0, more than the tolerance",
+        "loss": "✓",
+    }
+
+
 @pytest.mark.slow
 def test_report_without_arguments_in_a_clone_leaves_git_clean_and_mlflow_empty(
     tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

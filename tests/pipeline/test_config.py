@@ -291,7 +291,13 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ("pretrain.sample.max_new_tokens", -1, "pretrain.sample.max_new_tokens: expected 0 or more"),
         ("eval.samples.greedy.top_k", 0, "eval.samples.greedy.top_k: expected a positive integer or null"),
         ("instruct.max_new_tokens", -1, "instruct.max_new_tokens: expected a positive integer"),
-        ("instruct.allowed_max_length", 4096, "instruct.allowed_max_length: expected 1 to 1024"),
+        ("instruct.allowed_max_length", 4096, "instruct.allowed_max_length: expected 30 to 1024"),
+        (
+            "preference.allowed_max_length",
+            3,
+            "preference.allowed_max_length: expected 30 to 1024, got 3: the prompt template alone takes 29 tokens",
+        ),
+        ("instruct.allowed_max_length", 29, "instruct.allowed_max_length: expected 30 to 1024, got 29"),
         ("spam.drop_rate", 1.5, "spam.drop_rate: expected a value in [0, 1)"),
         (
             "tokenize.spam.val_frac",

@@ -100,14 +100,8 @@ def project(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) 
     write_params(tmp_path, shared_data)
     params = load_params()
     split = params.tokenize.instruct
-    instruct.prepare(
-        shared_data / params.data.sources.instruction_data.path,
-        params.data.processed_dir,
-        load_tokenizer(shared_data),
-        train_frac=split.train_frac,
-        test_frac=split.test_frac,
-        max_records=split.max_records,
-    )
+    records = instruct.read_splits(split, shared_data / params.data.sources.instruction_data.path)
+    instruct.write_splits(records, params.data.processed_dir, load_tokenizer(shared_data))
     cfg = ModelConfig(context_length=128, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1, qkv_bias=True)
     save_model(build_gpt(cfg), tmp_path / "models" / "gpt2" / "gpt2-medium", {"source": "test"})
     return tmp_path

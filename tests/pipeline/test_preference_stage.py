@@ -76,13 +76,9 @@ def project(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) 
     write_params(tmp_path, shared_data)
     params = load_params()
     split = params.tokenize.preference
-    preference.prepare(
-        shared_data / params.data.sources.instruction_preference.path,
-        params.data.processed_dir,
-        train_frac=split.train_frac,
-        test_frac=split.test_frac,
-        max_records=split.max_records,
-    )
+    source = shared_data / params.data.sources.instruction_preference.path
+    pairs = preference.read_splits(split, source, load_tokenizer(shared_data), book=True)
+    preference.write_splits(pairs, params.data.processed_dir)
     torch.manual_seed(0)
     save_model(build_gpt(TINY_INSTRUCT), tmp_path / "models" / "instruct", {"stage": "instruct-finetune"})
     return tmp_path

@@ -57,14 +57,8 @@ def test_an_instruct_run_leads_back_to_load_gpt2_and_pretrain(
         shared_data / "the-verdict.txt", processed, tokenizer, params.tokenize.verdict.train_ratio
     )
     split = params.tokenize.instruct
-    instruct.prepare(
-        shared_data / params.data.sources.instruction_data.path,
-        processed,
-        tokenizer,
-        train_frac=split.train_frac,
-        test_frac=split.test_frac,
-        max_records=split.max_records,
-    )
+    records = instruct.read_splits(split, shared_data / params.data.sources.instruction_data.path)
+    instruct.write_splits(records, processed, tokenizer)
 
     pretrain.run(params)
     load_gpt2.run(params)

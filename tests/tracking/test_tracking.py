@@ -297,6 +297,34 @@ def test_log_input_records_the_dvc_hash_and_split_sizes(tmp_path: Path) -> None:
     }
 
 
+def test_own_data_is_an_input_of_the_stage_and_of_the_pipeline_run_with_dvc_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = tmp_path / "instructions.jsonl"
+    own.write_text('{"instruction": "Say hi.", "output": "Hi."}\n', encoding="utf-8")
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True, env=_dvc_env())
+    subprocess.run(["dvc", "add", "-q", own.name], cwd=tmp_path, check=True, env=_dvc_env())
+    locked = yaml.safe_load((tmp_path / "instructions.jsonl.dvc").read_text())["outs"][0]["md5"]
+    monkeypatch.setenv("GPTLAB_PIPELINE_RUN", "own-data-pipeline")
+    # Two stages of one pipeline run: the parent names the dataset once, the stage that read it has it.
+    for stage in ("tokenize", "instruct-finetune"):
+        with stage_run(stage, "exp-own", {}) as run:
+            if stage == "tokenize":
+                run.log_own_data("instruct", own, profile={"train_records": 1})
+                reader = run.run_id
+            parent = run.parent_id
+    tag = {"gptlab.data.instruct": f"{own.as_posix()} ({locked})"}
+    for run_id in (reader, parent):
+        got = client().get_run(run_id)
+        (found,) = got.inputs.dataset_inputs
+        assert (found.dataset.name, found.dataset.digest) == ("instruct", locked)
+        assert {t.key: t.value for t in found.tags}["mlflow.data.context"] == "own"
+        assert json.loads(found.dataset.profile) == {"train_records": 1}
+        assert tag.items() <= got.data.tags.items()
+    other = [r for r in runs_of("exp-own") if r.info.run_name.startswith("instruct")]
+    assert other and not other[0].inputs.dataset_inputs and "gptlab.data.instruct" not in other[0].data.tags
+
+
 def test_a_dataset_logged_meanwhile_by_a_parallel_stage_is_linked_not_a_failure(tmp_path: Path) -> None:
     """Two variants of a sweep (two DVC queue workers) log the same dataset at once. MLflow looks for
     it, then inserts it: the second insert breaks the store's unique (experiment, name, digest).

@@ -9,8 +9,10 @@ report marks each figure ✓ (within tolerance), ✗ (outside it) or "not run" w
 the reason: the stage has not run, it does not report that value, or the figure
 needs OpenAI's weights and the run used `gpt2.source: pretrain`. A row of a
 sweep's table (reports/sweeps/<sweep>.csv, `gptlab sweep`) carries its own
-`gpt2.source`, which is what such a figure is checked against. Chapters are
-numbered; appendices are lettered ("E").
+`gpt2.source`, which is what such a figure is checked against. A figure whose
+report rests on data other than the book's (the run's params name a corpus,
+instructions, pairs or labels of the user's own) is marked "other data", not
+compared. Chapters are numbered; appendices are lettered ("E").
 
 The data file is built into frozen dataclasses by gptlab.schema, as params.yaml
 is: an unknown, missing or mistyped key is refused naming the file, the figure
@@ -47,7 +49,32 @@ from gptlab.schema import ConfigError, FieldError, build, flatten, read_yaml, re
 BOOK_FILE = Path("reproduction/book.yaml")
 REPORT_NAME = "REPRODUCTION.md"
 
-OK, OFF, NOT_RUN = "✓", "✗", "not run"
+OK, OFF, NOT_RUN, OTHER_DATA = "✓", "✗", "not run", "other data"
+
+# Data other than the book's, as the run's params tell it: (what, the param naming the file or corpus, the
+# values that are the book's, the reports resting on that data: a file prefix, or a counts.json key prefix).
+# Their figures are marked "other data", not compared.
+_BOOK_DATA = (
+    ("a corpus other than The Verdict", "corpus.name", ("verdict",), ("pretrain/", "eval/")),
+    (
+        "instructions of your own",
+        "tokenize.instruct.path",
+        ("data/raw/instruction-data.json",),
+        ("instruct/", "preference/", "tokenize/counts.json:instruct."),
+    ),
+    (
+        "preference pairs of your own",
+        "tokenize.preference.path",
+        ("data/raw/instruction-data-with-preference.json",),
+        ("preference/", "tokenize/counts.json:preference."),
+    ),
+    (
+        "labels of your own",
+        "tokenize.spam.path",
+        ("data/raw/sms_spam_collection/SMSSpamCollection",),
+        ("spam/", "sweeps/spam", "tokenize/counts.json:spam."),
+    ),
+)
 
 # The weights a `needs` row asks for are there only when load-gpt2 took OpenAI's checkpoints.
 _OPENAI_SOURCE = "huggingface"
@@ -362,12 +389,37 @@ class RunInfo:
             return f"load-gpt2 has not run (no load-gpt2 stage in dvc.lock{asks})"
         return "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"
 
+    def other_data(self, source: Source | None) -> str | None:
+        """What of the user's own a figure's report rests on (None: the book's data, or unknown).
+
+        A param absent from the run's params (an older run, or one without that knob) is the book's.
+        The book's file also counts as the book's under another data.raw_dir.
+        """
+        if source is None or source.file is None:
+            return None
+        where = [source.file] + [f"{source.file}:{key}" for key in source.keys]
+        for what, key, book, reports in _BOOK_DATA:
+            value = self.params.get(key)
+            if value is None or value in book or _under_raw_dir(value, book, self.params):
+                continue
+            if any(place.startswith(reports) for place in where):
+                return f"{what} ({key}: {value}), not the book's: not compared"
+        return None
+
     @classmethod
     def of_reports(cls, reports_dir: Path) -> RunInfo:
         root = reports_dir.resolve().parent
         params, origin = _run_params(root)
         commit = _git_commit(root, reports_dir.resolve() / REPORT_NAME)
         return cls(reports_dir, root, params, origin, _matching_profile(root, params), commit)
+
+
+def _under_raw_dir(value: Any, book: tuple[str, ...], params: Mapping[str, Any]) -> bool:
+    """Whether `value` is the book's file (one of `book`, under data/raw) where the run's data.raw_dir put it."""
+    raw_dir = params.get("data.raw_dir")
+    return raw_dir is not None and any(
+        Path(value) == Path(raw_dir) / Path(path).relative_to("data/raw") for path in book if "/" in path
+    )
 
 
 def _run_params(root: Path) -> tuple[dict[str, Any], str | None]:
@@ -436,7 +488,7 @@ def _git_commit(root: Path, report: Path) -> str | None:
 class Outcome:
     figure: Figure
     ours: Value | None
-    status: str  # OK, OFF or NOT_RUN
+    status: str  # OK, OFF, NOT_RUN or OTHER_DATA
     reason: str = ""
 
 
@@ -519,10 +571,14 @@ def compare(
     for figure in book.figures:
         if progress is not None:
             progress(figure)
+        other = run.other_data(figure.ours)
         try:
             ours = _our_value(figure, reports, run)
         except NotRun as exc:
-            outcomes.append(Outcome(figure, None, NOT_RUN, str(exc)))
+            outcomes.append(Outcome(figure, None, OTHER_DATA if other else NOT_RUN, other or str(exc)))
+            continue
+        if other:
+            outcomes.append(Outcome(figure, ours, OTHER_DATA, other))
             continue
         if figure.tolerance.allows(figure.book, ours):
             outcomes.append(Outcome(figure, ours, OK))
@@ -620,8 +676,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def tally(outcomes: list[Outcome]) -> str:
+    """ "N ✓, N ✗, N not run" (and ", N other data" where some are) of the outcomes."""
+    counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN, OTHER_DATA)}
+    other = f", {counts[OTHER_DATA]} other data" if counts[OTHER_DATA] else ""
+    return f"{counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run{other}"
+
+
 def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | str) -> str:
-    counts = {status: sum(o.status == status for o in outcomes) for status in (OK, OFF, NOT_RUN)}
     lines = [
         "# Reproduction report: the book's figures beside ours",
         "",
@@ -632,7 +694,7 @@ def render(book: Book, outcomes: list[Outcome], run: RunInfo, book_path: Path | 
         f"- params: {_describe_params(run)}",
         f"- base models: {_describe_source(run)}",
         "",
-        f"**{counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run** of {len(outcomes)} figures.",
+        f"**{tally(outcomes)}** of {len(outcomes)} figures.",
         "",
         "How to read it: ✓ our value is within the tolerance of the book's, ✗ it is not (and by how "
         "much), and "

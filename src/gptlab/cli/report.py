@@ -22,6 +22,7 @@ from gptlab.book.reproduction import (  # light: torch only when needed
     Figure,
     make_report,
     save_report,
+    tally,
 )
 from gptlab.files import require_folder
 from gptlab.paths import REPORTS
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             tracker.set_tags({"gptlab.figures_ok": counts[OK], "gptlab.figures_off": counts[OFF]})
             tracker.log_text(text, REPORT_NAME)
     summary = (
-        f"{'the report' if to_stdout else out}: {counts[OK]} ✓, {counts[OFF]} ✗, {counts[NOT_RUN]} not run "
+        f"{'the report' if to_stdout else out}: {tally(outcomes)} "
         f"of {len(outcomes)} figures from the book; each ✗ and not-run row says why"
     )
     print(summary, file=sys.stderr if to_stdout else sys.stdout)

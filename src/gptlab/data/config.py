@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -122,10 +122,35 @@ class SpamSplit:
 
 
 @dataclass(frozen=True)
+class InstructFields:
+    """The file's own name for each field of the Alpaca layout (`input` may be absent from a record)."""
+
+    instruction: str = "instruction"
+    input: str = "input"
+    output: str = "output"
+
+
+@dataclass(frozen=True)
+class PreferenceFields(InstructFields):
+    """As InstructFields, plus the two answers; `output` may be absent (the chosen answer stands in)."""
+
+    chosen: str = "chosen"
+    rejected: str = "rejected"
+
+
+@dataclass(frozen=True)
 class InstructSplit:
+    """Chapter 7's records and split. `path`: the book's file where download leaves it, or a file of your own.
+
+    A file of your own is a JSON list or a JSONL file (`.jsonl`) of records in the Alpaca layout,
+    named by `fields`, relative to the project (DVC tracks it as a dependency of tokenize).
+    """
+
     train_frac: float
     test_frac: float
     max_records: int | None
+    path: str = "data/raw/instruction-data.json"
+    fields: InstructFields = field(default_factory=InstructFields)
 
     def __post_init__(self) -> None:
         _check_fractions(self.train_frac, self.test_frac, "test_frac", rest="validation")
@@ -134,6 +159,37 @@ class InstructSplit:
             "max_records",
             f"expected a positive integer or null, got {self.max_records}",
         )
+        require(
+            self.path.endswith((".json", ".jsonl")),
+            "path",
+            f"expected a .json or .jsonl file, got {self.path!r}",
+        )
+        require(
+            not Path(self.path).is_absolute() and ".." not in Path(self.path).parts,
+            "path",
+            f"{self.path!r} is outside the project, where DVC cannot track it: copy the file under the "
+            "project (data/own/, say) and give its relative path",
+        )
+
+    def is_book(self, raw_dir: str, source: SourceFile) -> bool:
+        """Whether `path` is the book's file (`source`): where download leaves it, or as params.yaml spells it.
+
+        The committed spelling stands for the book's file wherever data.raw_dir puts it (a
+        stage run by hand on another raw_dir); DVC, whose dependency is `path` itself, needs
+        `path` moved along with data.raw_dir.
+        """
+        default = next(f.default for f in fields(self) if f.name == "path")
+        return self.path == default or Path(self.path) == Path(raw_dir) / source.path
+
+    def records_path(self, raw_dir: str, source: SourceFile) -> Path:
+        """The file to read: the book's under raw_dir, or the user's own."""
+        return Path(raw_dir) / source.path if self.is_book(raw_dir, source) else Path(self.path)
+
+
+@dataclass(frozen=True)
+class PreferenceSplit(InstructSplit):
+    path: str = "data/raw/instruction-data-with-preference.json"
+    fields: PreferenceFields = field(default_factory=PreferenceFields)
 
 
 @dataclass(frozen=True)
@@ -141,7 +197,7 @@ class TokenizeConfig:
     verdict: VerdictSplit
     spam: SpamSplit
     instruct: InstructSplit
-    preference: InstructSplit
+    preference: PreferenceSplit
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,17 @@ loss with -100. `mask_prompt` (the book's exercise 7.2) also hides the prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tiktoken
 import torch
 from torch.utils.data import Dataset
 
+from gptlab.data.config import InstructSplit
 from gptlab.errors import InputError
 from gptlab.files import atomic_path
 from gptlab.model.tokenizer import END_OF_TEXT_ID
@@ -42,30 +44,102 @@ def format_prompt(entry: dict[str, str]) -> str:
 
 
 def validate_records(
-    records: Any, source: Path | str, fields: tuple[str, ...] = FIELDS
+    records: Any,
+    source: Path | str,
+    fields: tuple[str, ...] = FIELDS,
+    *,
+    names: Mapping[str, str] | None = None,
+    optional: Mapping[str, str] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> list[dict[str, str]]:
-    """The records as string dicts of `fields` (chapter 7's three by default); an InputError names the first bad one."""
+    """The records as string dicts of `fields` (chapter 7's three by default); an InputError names the first bad one.
+
+    `names` maps a field to the file's own name for it (params' `fields`); a field of `optional`
+    that a record lacks (or holds null) gets that default ("" for `input`). `labels` name the
+    records in errors ("line 3" of a JSONL file); "record i" (from 0) otherwise.
+    """
+    names = names or {}
+    optional = {"input": ""} if optional is None else optional
     if not isinstance(records, list):
         raise InputError(f"{source}: expected a JSON list of records, got {type(records).__name__}")
     clean = []
     for i, record in enumerate(records):
-        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in fields):
+        label = labels[i] if labels is not None else f"record {i}"
+        if not isinstance(record, dict):
             raise InputError(
-                f"{source}: record {i} must have string fields {list(fields)}, got {record!r:.200}"
+                f"{source}: {label} must be an object with fields {list(fields)}, got {record!r:.200}"
             )
-        clean.append({f: record[f] for f in fields})
+        entry = {}
+        for name in fields:
+            key = names.get(name, name)
+            value = record.get(key)
+            if value is None and name in optional:
+                value = optional[name]
+            if not isinstance(value, str):
+                mapped = f" (params name it for `{name}`)" if key != name else ""
+                problem = f"has no field {key!r}" if value is None else f"has a non-string field {key!r}"
+                raise InputError(f"{source}: {label} {problem}{mapped}; got {record!r:.200}")
+            entry[name] = value
+        clean.append(entry)
     return clean
 
 
-def read_records(path: Path | str, fields: tuple[str, ...] = FIELDS) -> list[dict[str, str]]:
+def read_records(
+    path: Path | str,
+    fields: tuple[str, ...] = FIELDS,
+    *,
+    names: Mapping[str, str] | None = None,
+    optional: Mapping[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """The records of a JSON list (the book's file) or a JSONL file (`.jsonl`: one record a line), checked."""
+    return read_labelled(path, fields, names=names, optional=optional)[0]
+
+
+def read_labelled(
+    path: Path | str,
+    fields: tuple[str, ...] = FIELDS,
+    *,
+    names: Mapping[str, str] | None = None,
+    optional: Mapping[str, str] | None = None,
+) -> tuple[list[dict[str, str]], list[str]]:
+    """read_records, with what names each record in a message: "record i" (from 0), or a JSONL file's "line n"."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `dvc repro download` (or set GPTLAB_MIRROR)")
+    raw = path.read_bytes()
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from exc
-    return validate_records(records, path, fields)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}: line {line} is not UTF-8 (byte {exc.start}); save the file as UTF-8"
+        ) from None
+    if path.suffix == ".jsonl":
+        records, labels = _jsonl_records(text, path)
+    else:
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from exc
+        labels = [f"record {i}" for i in range(len(records))] if isinstance(records, list) else []
+    checked = validate_records(records, path, fields, names=names, optional=optional, labels=labels)
+    return checked, labels
+
+
+def _jsonl_records(text: str, path: Path) -> tuple[list[Any], list[str]]:
+    """One JSON value a line, blank lines skipped; each labelled by its line number."""
+    records, labels = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{path}: line {number} is not valid JSON ({exc.msg}, column {exc.colno})"
+            ) from None
+        labels.append(f"line {number}")
+    return records, labels
 
 
 def split_records(
@@ -84,6 +158,17 @@ def split_records(
         "test": records[train_end:test_end],
     }
     return {name: part[:max_records] if max_records else part for name, part in splits.items()}
+
+
+def require_nonempty_splits(splits: Mapping[str, Sequence[Any]], source: Path | str, key: str) -> None:
+    """Each split holds a record, or one line names the file, the split and the params that set it."""
+    total = sum(len(part) for part in splits.values())
+    for name, part in splits.items():
+        if not part:
+            raise InputError(
+                f"{source}: the {name} split has 0 records (of {total}): add records or change "
+                f"{key}.train_frac / {key}.test_frac"
+            )
 
 
 def split_path(processed_dir: Path | str, split: str) -> Path:
@@ -168,21 +253,43 @@ def instruction_collate(
     return torch.stack(inputs_lst), torch.stack(targets_lst)  # each (b, t)
 
 
-def prepare(
-    records_path: Path | str,
-    processed_dir: Path | str,
-    tokenizer: tiktoken.Encoding,
-    *,
-    train_frac: float,
-    test_frac: float,
-    max_records: int | None = None,
-) -> dict[str, Any]:
-    """Split the records in file order and save each split; returns sizes and token lengths."""
-    records = read_records(records_path)
-    splits = split_records(records, train_frac=train_frac, test_frac=test_frac, max_records=max_records)
-    metrics: dict[str, Any] = {"records": len(records)}
-    for name, part in splits.items():
+class Records(NamedTuple):
+    """A file's records split in file order; `total`: how many the file held."""
+
+    total: int
+    splits: dict[str, list[dict[str, str]]]
+
+
+def read_splits(cfg: InstructSplit, path: Path | str, key: str = "tokenize.instruct") -> Records:
+    """The records of `path` (cfg.records_path) split in file order, checked before anything is written."""
+    records = read_records(path, names=dataclasses.asdict(cfg.fields))
+    splits = split_records(
+        records, train_frac=cfg.train_frac, test_frac=cfg.test_frac, max_records=cfg.max_records
+    )
+    require_nonempty_splits(splits, path, key)
+    return Records(len(records), splits)
+
+
+def write_splits(records: Records, processed_dir: Path | str, tokenizer: tiktoken.Encoding) -> dict[str, Any]:
+    """Save each split; returns sizes and token lengths."""
+    metrics: dict[str, Any] = {"records": records.total}
+    for name, part in records.splits.items():
         save_split(processed_dir, name, part)
         lengths = [len(ids) for ids, _ in InstructionDataset(part, tokenizer)]
         metrics[name] = {"records": len(part), "tokens": sum(lengths), "max_tokens": max(lengths, default=0)}
     return metrics
+
+
+def require_room(prompt_lengths: Mapping[str, Sequence[int]], allowed_max_length: int, key: str) -> None:
+    """Refuse, before any work, a length that cuts a record's prompt (response header included) before its answer.
+
+    Such a record trains on no answer token: DPO's mean log-probability of an empty answer is NaN.
+    `prompt_lengths`: each split's prompt token counts; `key` names the param.
+    """
+    for split, lengths in prompt_lengths.items():
+        for i, length in enumerate(lengths):
+            if length + 1 > allowed_max_length:
+                raise InputError(
+                    f"{key}: {allowed_max_length} cannot hold a prompt and its answer: the {split} split's "
+                    f"record {i} has a prompt of {length} tokens; set it to {length + 1} or more"
+                )

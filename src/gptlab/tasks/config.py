@@ -124,6 +124,22 @@ class AnswerGeneration:
         require_count(self.batch_size, "batch_size", MAX_BATCH_SIZE)
 
 
+# The Alpaca prompt of an empty instruction, response header included, in GPT-2 tokens (tests check it):
+# the least a prompt takes, so allowed_max_length must exceed it for an answer token to fit.
+PROMPT_TEMPLATE_TOKENS = 29
+
+
+def check_allowed_max_length(length: int) -> None:
+    """Room for a prompt and an answer: a shorter length trains on no answer token (DPO's loss: NaN)."""
+    least = PROMPT_TEMPLATE_TOKENS + 1
+    require(
+        least <= length <= MAX_CONTEXT_LENGTH,
+        "allowed_max_length",
+        f"expected {least} to {MAX_CONTEXT_LENGTH}, got {length}: the prompt template alone takes "
+        f"{PROMPT_TEMPLATE_TOKENS} tokens, and an answer needs one more",
+    )
+
+
 @dataclass(frozen=True)
 class InstructConfig:
     base_model: str
@@ -140,11 +156,7 @@ class InstructConfig:
 
     def __post_init__(self) -> None:
         require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
-        require(
-            0 < self.allowed_max_length <= MAX_CONTEXT_LENGTH,
-            "allowed_max_length",
-            f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
-        )
+        check_allowed_max_length(self.allowed_max_length)
         require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)
 
 
@@ -169,11 +181,7 @@ class PreferenceConfig:
     def __post_init__(self) -> None:
         require(0 < self.beta <= 100, "beta", f"expected a value in (0, 100], got {self.beta}")
         require(0 <= self.drop_rate < 1, "drop_rate", f"expected a value in [0, 1), got {self.drop_rate}")
-        require(
-            0 < self.allowed_max_length <= MAX_CONTEXT_LENGTH,
-            "allowed_max_length",
-            f"expected 1 to {MAX_CONTEXT_LENGTH}, got {self.allowed_max_length}",
-        )
+        check_allowed_max_length(self.allowed_max_length)
         require_count(self.max_new_tokens, "max_new_tokens", MAX_NEW_TOKENS)
         require(
             self.train.loss_kernel == "book",

@@ -283,16 +283,35 @@ class StageRun:
         MLflow looks the dataset up, then inserts it: a parallel stage (a sweep's other variant) that
         inserted it in between breaks the store's unique key. Then the look-up finds it: once more.
         """
+        self._log_inputs(self.run_id, [lineage.dataset_input(name, path, context=context, profile=profile)])
+
+    @_live
+    def log_own_data(self, name: str, path: Path | str, *, profile: Mapping[str, Any] | None = None) -> None:
+        """Record a dataset of the user's own (not the book's) that the stage read, where runs are compared.
+
+        It is a dataset input of this run and of the pipeline run's (context `own`, digest DVC's
+        md5 of the file or folder), and both runs are tagged `gptlab.data.<name>` = "path (md5)":
+        the runs table shows which data each run trained on, and two runs on two datasets differ there.
+        """
+        dataset = lineage.dataset_input(name, path, context=lineage.OWN_DATA_CONTEXT, profile=profile)
+        tags = lineage.own_data_tags(name, path, dataset.dataset.digest)
+        for run_id in (self.run_id, self.parent_id):
+            if run_id is not None:
+                self._log_inputs(run_id, [dataset])
+                for key, value in tags.items():
+                    self.client.set_tag(run_id, key, value)
+
+    def _log_inputs(self, run_id: str, inputs: list[Any]) -> None:
+        """MLflow's log_inputs, once more if a parallel stage inserted the dataset meanwhile."""
         # mlflow on first use: see store.imported_mlflow
         from mlflow.exceptions import MlflowException
 
-        inputs = [lineage.dataset_input(name, path, context=context, profile=profile)]
         try:
-            self.client.log_inputs(self.run_id, datasets=inputs)
+            self.client.log_inputs(run_id, datasets=inputs)
         except MlflowException as exc:
             if server_lost(exc):
                 raise
-            self.client.log_inputs(self.run_id, datasets=inputs)
+            self.client.log_inputs(run_id, datasets=inputs)
 
     @_live
     def record_checkpoint(self, checkpoint: Path | str) -> None:

@@ -168,6 +168,16 @@ def dataset_input(
     return DatasetInput(dataset, tags)
 
 
+# The context of a dataset of the user's own (not the book's), and the prefix of the tags naming it.
+OWN_DATA_CONTEXT = "own"
+OWN_DATA_TAG = "gptlab.data."
+
+
+def own_data_tags(name: str, path: Path | str, digest: str) -> dict[str, str]:
+    """The tag naming a dataset of the user's own on a run: `gptlab.data.<name>` = "path (DVC md5)"."""
+    return {f"{OWN_DATA_TAG}{name}": f"{Path(path).as_posix()} ({digest})"}
+
+
 def checkpoint_tags(checkpoint: Path | str) -> dict[str, str]:
     """The tag naming a run as the writer of `checkpoint`: the sha256 of its weights (`weights_digest`).
 
