@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from gptlab.errors import EXIT_USAGE
 from gptlab.training.config import DistributedConfig
 
 if TYPE_CHECKING:
@@ -136,25 +138,35 @@ def launch(cfg: DistributedConfig, script: str, args: Sequence[str]) -> int:
 def failure_line(failures: Mapping[int, ProcessFailure]) -> tuple[int, str | None]:
     """The exit code of a failed launch, and its line naming the rank that failed first (None: it said why).
 
-    A rank killed by a signal comes first, then one that failed on its own; those whose collective
-    broke because a peer was gone (EXIT_PEER_LOST) come last.
+    The agent reports the processes it stopped too, so the blame goes first to a rank killed by
+    a signal other than its SIGTERM, then to one that failed on its own, then to one whose
+    collective broke because a peer was gone (EXIT_PEER_LOST), last to one the agent stopped.
     """
-    rank, failure = min(
-        failures.items(),
-        key=lambda item: (item[1].exitcode >= 0, item[1].exitcode == EXIT_PEER_LOST, item[0]),
-    )
-    if failure.exitcode in (2, 128 + 2, 128 + 15):  # an expected failure or a stop: its own line said it
-        return failure.exitcode, None
-    if failure.exitcode < 0:
+    rank, failure = min(failures.items(), key=lambda item: (_blame(item[1].exitcode), item[0]))
+    code = 128 + signal.SIGTERM if failure.exitcode == -signal.SIGTERM else failure.exitcode
+    if code in (EXIT_USAGE, 128 + signal.SIGINT, 128 + signal.SIGTERM):  # its own line said why
+        return code, None
+    if code < 0:
         how = f"was killed by {failure.signal_name()}"
-    elif failure.exitcode == EXIT_PEER_LOST:
+    elif code == EXIT_PEER_LOST:
         how = "lost its peers (a collective timed out, or the network failed)"
     else:
-        how = f"failed with exit code {failure.exitcode}"
+        how = f"failed with exit code {code}"
     return EXIT_RANK_FAILED, (
         f"rank {rank} (pid {failure.pid}) {how}; the stage's other processes were stopped: "
         "rerun it (it resumes from its last checkpoint)"
     )
+
+
+def _blame(exitcode: int) -> int:
+    """How likely a process that ended with `exitcode` is the job's root failure: 0 most, 3 least."""
+    if exitcode < 0 and exitcode != -signal.SIGTERM:
+        return 0  # killed: SIGKILL (out of memory, kill -9), SIGSEGV, ...
+    if exitcode == EXIT_PEER_LOST:
+        return 2
+    if exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM):
+        return 3  # the agent's stop (or a SIGTERM to this process alone)
+    return 1
 
 
 def peer_lost(exc: BaseException | None) -> bool:
