@@ -33,10 +33,8 @@ if TYPE_CHECKING:
 EXIT_PEER_LOST = 3
 # Exit code of a launch whose process died or failed with no line of its own (1 stays "a check failed").
 EXIT_RANK_FAILED = 4
-# How often the agent looks at its processes: a dead one stops the rest within this and the shutdown.
+# How often the agent looks at its processes: a dead one stops the rest within this and 30 s.
 MONITOR_SECONDS = 1.0
-# How long the agent lets the other processes stop after SIGTERM before it kills them.
-SHUTDOWN_SECONDS = 20
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ def launch(cfg: DistributedConfig, script: str, args: Sequence[str]) -> int:
     One node: torchrun's standalone rendezvous on this machine. Several: a static rendezvous at
     rdzv_endpoint where this node is node 0 (ranks 0 to nproc_per_node - 1, rank 0 writing the
     outputs DVC records), and the others join it with torchrun. No restarts: a process that dies
-    stops the others (SIGTERM, then SIGKILL after SHUTDOWN_SECONDS), and one line names it. A
+    stops the others (SIGTERM, then SIGKILL after torch's 30 s), and one line names it. A
     signal to this process (Ctrl-C, `dvc queue kill`) goes on to every process.
     """
     # torch on launch only: the plain single process never loads the elastic agent
@@ -113,7 +111,6 @@ def launch(cfg: DistributedConfig, script: str, args: Sequence[str]) -> int:
         f"--nproc_per_node={cfg.nproc_per_node}",
         "--max_restarts=0",
         f"--monitor_interval={MONITOR_SECONDS}",
-        f"--shutdown_timeout={SHUTDOWN_SECONDS}",
         *where,
         script,
         *args,
