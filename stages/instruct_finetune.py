@@ -154,4 +154,4 @@ def _log_answers(tracker: StageRun, responses: list[dict[str, Any]], *, judged: 
 
 
 if __name__ == "__main__":
-    stage_main(run, __doc__)
+    stage_main(run, __doc__, trains=True)

@@ -168,4 +168,4 @@ def _answer_test_records(
 
 
 if __name__ == "__main__":
-    stage_main(run, __doc__)
+    stage_main(run, __doc__, trains=True)

@@ -175,4 +175,4 @@ def split_losses(
 
 
 if __name__ == "__main__":
-    stage_main(run, __doc__)
+    stage_main(run, __doc__, trains=True)

@@ -206,4 +206,4 @@ def _classifier_and_data(
 
 
 if __name__ == "__main__":
-    stage_main(run, __doc__)
+    stage_main(run, __doc__, trains=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 
 from gptlab.model import checkpoint
 from gptlab.model.checkpoint import WEIGHTS_FILE
+from gptlab.schema import ConfigError
+from gptlab.training.config import DistributedConfig
 from gptlab.training.data_order import epoch_order, rank_order
-from gptlab.training.distributed import World, world
+from gptlab.training.distributed import EXIT_PEER_LOST, EXIT_RANK_FAILED, World, failure_line, launches, world
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -114,3 +117,28 @@ def test_two_processes_train_in_step_and_resume_exactly(tmp_path: Path) -> None:
         assert rank["weights"] == first[0]["weights"]
         assert rank["history"] == history
     assert [p.name for p in checkpoint.list_checkpoints(checkpoint_dir)] == ["step-0000004", "step-0000006"]
+
+
+def test_a_failed_launch_names_the_rank_that_died_first_in_one_line() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    killed = ProcessFailure(local_rank=1, pid=4242, exitcode=-signal.SIGKILL, error_file="")
+    left = ProcessFailure(local_rank=0, pid=4241, exitcode=EXIT_PEER_LOST, error_file="")
+    code, line = failure_line({0: left, 1: killed})
+    assert code == EXIT_RANK_FAILED
+    assert (
+        line is not None and line.startswith("rank 1 (pid 4242) was killed by SIGKILL;") and "\n" not in line
+    )
+    crashed = ProcessFailure(local_rank=0, pid=4241, exitcode=1, error_file="")  # a bug: its traceback above
+    assert "rank 0 (pid 4241) failed with exit code 1" in str(failure_line({0: crashed, 1: left}))
+    said = ProcessFailure(local_rank=0, pid=4241, exitcode=2, error_file="")  # its own line said why
+    assert failure_line({0: said, 1: left}) == (2, None)
+
+
+def test_more_nodes_need_the_address_of_node_0() -> None:
+    assert DistributedConfig().processes == 1 and not launches(DistributedConfig())
+    assert DistributedConfig(nproc_per_node=4, nnodes=2, rdzv_endpoint="node0.example:29400").processes == 8
+    with pytest.raises(ConfigError, match="rdzv_endpoint: nnodes is 2: set rdzv_endpoint"):
+        DistributedConfig(nnodes=2)
+    with pytest.raises(ConfigError, match="rdzv_endpoint: expected host:port"):
+        DistributedConfig(nnodes=2, rdzv_endpoint="node0.example")

@@ -20,7 +20,7 @@ from gptlab.model.config import MAX_CONTEXT_LENGTH, MODEL_PRESETS, ModelSpec, Sa
 from gptlab.schema import MAX_BATCH_SIZE, ConfigError, build, read_yaml, require, require_count
 from gptlab.tasks.config import InstructConfig, PreferenceConfig, SpamConfig, check_trainable_blocks
 from gptlab.tracking.config import TrackingConfig
-from gptlab.training.config import CheckpointConfig, TrainConfig
+from gptlab.training.config import CheckpointConfig, DistributedConfig, TrainConfig
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -113,6 +113,8 @@ class Params:
     spam: SpamConfig
     instruct: InstructConfig
     preference: PreferenceConfig
+    # The training stages' processes; a params file written before it trains in one, as ever.
+    distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self) -> None:
         # What spam trains and reads must fit its base model, known here for GPT-2's presets and,

@@ -7,6 +7,8 @@ from typing import ClassVar, Literal
 
 from gptlab.schema import MAX_BATCH_SIZE, MAX_ROUNDS, require, require_count
 
+MAX_PROCESSES = 4096  # per node, and nodes: a bound on typos, far above any job
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -131,3 +133,47 @@ class CheckpointConfig:
             "every_steps and every_minutes are both null: set one, so a crash can resume",
         )
         require(self.keep > 0, "keep", f"expected a positive integer, got {self.keep}")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How many processes the training stages train on, started through PyTorch's elastic launcher.
+
+    One process on one node (the default) is the plain single process, the book's run. More:
+    the stage starts itself under torch.distributed.run (gptlab.training.distributed.launch).
+    The process count determines the numbers (each process trains its share of the batches), so
+    it is part of the stages' DVC params; the rendezvous and the timeout are operational.
+    """
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    # host:port where node 0 (the one running the stage through DVC) hosts the rendezvous; the
+    # other nodes join it with torchrun by hand (docs/pipeline.md#scaling-out). null: one node.
+    rdzv_endpoint: str | None = None
+    # A collective that waits longer than this for a peer ends the stage (torch's default, 30).
+    timeout_minutes: float = 30
+
+    def __post_init__(self) -> None:
+        for name in ("nproc_per_node", "nnodes"):
+            require_count(getattr(self, name), name, MAX_PROCESSES)
+        require(
+            self.nnodes == 1 or self.rdzv_endpoint is not None,
+            "rdzv_endpoint",
+            f"nnodes is {self.nnodes}: set rdzv_endpoint to host:port of node 0, which the others can reach",
+        )
+        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+        require(
+            self.rdzv_endpoint is None or (host != "" and port.isdigit()),
+            "rdzv_endpoint",
+            f"expected host:port (e.g. node1.example:29400) or null, got {self.rdzv_endpoint!r}",
+        )
+        require(
+            self.timeout_minutes > 0,
+            "timeout_minutes",
+            f"expected a positive number, got {self.timeout_minutes}",
+        )
+
+    @property
+    def processes(self) -> int:
+        """The number of processes of the job, on all nodes."""
+        return self.nproc_per_node * self.nnodes

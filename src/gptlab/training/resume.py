@@ -4,7 +4,11 @@ A training run keeps its state under `.gptlab/runs/<stage>/<fingerprint>/`,
 outside DVC's outputs (DVC deletes those before rerunning a stage), keyed by a
 hash of everything that determines the run's numbers, so changed params or data
 never resume a stale one (and operational settings, such as how often to save,
-never keep one from resuming). The folder is
+never keep one from resuming). The number of processes under torchrun is one of
+them (each trains its share of the batches): a run of N > 1 processes keeps its
+folder apart (`<fingerprint>-<N>procs`), so relaunching it with another count
+trains beside it and deletes nothing; a checkpoint of another count found in a
+run's folder (one saved before the folders were apart) is refused, kept. The folder is
 
 - created and locked when a stage starts training (`resume_folder`); a second
   process training the same run is refused, and the lock dies with its process;
@@ -37,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gptlab.errors import InputError
 from gptlab.files import exclusive_lock, sha256_file
 from gptlab.model.checkpoint import (
     STATE_FORMAT,
@@ -78,19 +83,32 @@ def resume_folder(stage: str, config: Mapping[str, Any], inputs: Iterable[Path |
 
     The block trains and publishes the stage's outputs; if it raises (or the
     process dies) the folder stays, so a rerun resumes. Under torchrun rank 0
-    owns the lock and the removal.
+    owns the lock and the removal, and the folder is that process count's own.
     """
-    folder = RUNS_DIR / stage / run_fingerprint(config, inputs)
+    fingerprint = run_fingerprint(config, inputs)
+    processes = distributed.world().size
+    folder = RUNS_DIR / stage / (fingerprint if processes == 1 else f"{fingerprint}-{processes}procs")
     if not distributed.is_main():
         yield folder
         return
     folder.parent.mkdir(parents=True, exist_ok=True)
+    for other in sorted(folder.parent.glob(f"{fingerprint}*")):
+        if other.is_dir() and other != folder and list_checkpoints(other):
+            print(
+                f"note: {other} holds this run interrupted with another number of processes; this one "
+                f"({processes}) trains apart and leaves it: relaunch with that number to resume it",
+                file=sys.stderr,
+            )
     lock = folder.with_name(f"{folder.name}.lock")
     busy = f"another process ({{}}) is training into {folder}: wait for it to finish, or stop it, then rerun"
     with exclusive_lock(lock, f"pid {os.getpid()}", lambda holder: busy.format(holder or "pid unknown")):
         yield folder
         shutil.rmtree(folder, ignore_errors=True)
         lock.unlink(missing_ok=True)  # still held here, so no one else is training into the folder
+
+
+class OtherProcessCount(CheckpointError):
+    """A checkpoint made by another number of processes: the right launch resumes it, so it is kept."""
 
 
 class Checkpointer:
@@ -223,6 +241,8 @@ class Checkpointer:
             try:
                 progress, resumed_from = self._restore(path), path
                 break
+            except OtherProcessCount as exc:  # never deleted: a launch with its count resumes it
+                raise InputError(f"{path}: {exc}") from exc
             except CheckpointError as exc:
                 print(f"warning: skipping checkpoint {path}: {exc}", file=sys.stderr)
                 refused.append(path)
@@ -242,9 +262,11 @@ class Checkpointer:
         weights, state = self._load_checked(path)
         if state["train_config"] != self.train_config:
             raise CheckpointError("it was made with different train settings")
-        if state.get("world_size", 1) != self.world.size:  # the ranks' data shares would differ
-            raise CheckpointError(
-                f"it was made by {state.get('world_size', 1)} processes, this run has {self.world.size}"
+        made_by = state.get("world_size", 1)
+        if made_by != self.world.size:  # the ranks' data shares would differ
+            raise OtherProcessCount(
+                f"it was made by {made_by} processes, this run has {self.world.size}: relaunch with "
+                f"{made_by} (distributed.nproc_per_node x nnodes), or delete {self.folder} to train afresh"
             )
         try:  # checks the parameter groups before changing anything
             self.optimizer.load_state_dict(state["optimizer"])
