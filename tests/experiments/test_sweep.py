@@ -21,7 +21,6 @@ import yaml
 from gptlab.errors import GptlabError, InputError
 from gptlab.experiments.dvc_commands import Dvc, QueueStatus
 from gptlab.experiments.dvc_commands import ExperimentRow as Experiment
-from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Stopped,
     Sweep,
@@ -668,13 +667,10 @@ def expected_trainable() -> dict[str, int]:
 def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs(
     tmp_path: Path, shared_data: Path, isolated_tools: str
 ) -> None:
-    """A fresh clone, nothing run: the sweep runs the shared stages once, then the variants in DVC's queue."""
+    """A fresh clone, nothing run, a profile: the shared stages run once, then the variants in DVC's queue."""
     project = tmp_path / "project"
     copy_project(project)
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    (project / "params.yaml").write_text(
-        yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
-    )
+    write_yaml(project / "profiles" / "tiny.yaml", TINY_PARAMS)
     write_yaml(project / "sweeps" / "tiny.yaml", with_table({"stage": "spam-finetune", "variants": VARIANTS}))
     env = {
         **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
@@ -687,7 +683,8 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
 
-    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "check"]
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--profile", "tiny"]
+    gptlab += ["--name", "check"]
     proc = subprocess.run(
         [*gptlab, "--jobs", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=900
     )

@@ -1,13 +1,14 @@
-"""A sweep's shared stages, run once before its variants and saved in DVC's run-cache for them.
+"""A profile sweep's shared stages, run once before its variants and saved in DVC's run-cache for them.
 
 Each variant is a DVC experiment in a workspace of its own. The stages before the swept one that are
-not up to date in `dvc.lock` (on a profile, none are) would run again in every variant: DVC saves no
-run-cache entry for a stage with an uncached output that is neither a metric nor a plot, as the
-reports are, so no variant could reuse another's pretrain. `dvc commit` saves the entry all the same.
-So the sweep runs those stages once, in a scratch git worktree of the project (HEAD plus the changes
-to tracked files, as a queued experiment gets) with the first variant's params, commits them there
-into the project's cache, and each variant whose stage has the same deps and params checks its
-outputs out of the cache instead of running it.
+not up to date in `dvc.lock` would run again in every variant: DVC saves no run-cache entry for a
+stage with an uncached output that is neither a metric nor a plot, as the reports are, so no variant
+could reuse another's pretrain. `dvc commit` saves the entry all the same. Without a profile, the
+shared stages' params are the workspace's, and `dvc repro` plus a commit there makes them up to date
+for every variant (docs/sweeps.md); on a profile, none can be. So the sweep runs them once, in a
+scratch git worktree of the project (HEAD plus the changes to tracked files, as a queued experiment
+gets) with the first variant's params, commits them there into the project's cache, and each
+variant whose stage has the same deps and params checks its outputs out of the cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gptlab.schema import nested, read_yaml
 
 SCRATCH = Path(".gptlab") / "sweep-shared"  # under it, the worktree; ignored by git and DVC
 LOG = SCRATCH.with_suffix(".log")
+LOCK = "dvc.lock"
 
 
 def upstream_stages(dvc: Dvc, stage: str) -> list[str]:
@@ -44,15 +46,15 @@ def upstream_stages(dvc: Dvc, stage: str) -> list[str]:
 
 def run_shared_stages(
     project: Path, dvc: Dvc, stage: str, overrides: Mapping[str, Any], *, timeout: float
-) -> list[str]:
+) -> dict[str, Any]:
     """Run the stages before `stage` once with `overrides` (flat) and save them in DVC's run-cache.
 
-    Returns those stages. Their output goes to .gptlab/sweep-shared.log; a failure is one line
-    naming it, and the variants are not queued.
+    Returns their `dvc.lock` entries (none when nothing ran), for `shared_lock`. Their output goes
+    to .gptlab/sweep-shared.log; a failure is one line naming it, and the variants are not queued.
     """
     stages = upstream_stages(dvc, stage)
     if not stages:
-        return []
+        return {}
     cache = dvc.ask("cache", "dir").strip()
     with _worktree(project) as scratch:
         params = profiles.merge_overrides(read_yaml(scratch / "params.yaml"), nested(dict(overrides)))
@@ -62,14 +64,41 @@ def run_shared_stages(
         # Up to date in dvc.lock for these params (committed), only their outputs missing here: each
         # variant checks them out of the cache anyway.
         if set(_leaves(json.loads(here.ask("status", "--json", *stages) or "{}"))) <= {"deleted"}:
-            return []
+            return {}
         print(
             f"running the shared stages once for every variant ({', '.join(stages)}; log: {LOG})", flush=True
         )
         with (project / LOG).open("w", encoding="utf-8") as log:
             _run_logged([dvc.dvc, "repro", *stages], scratch, dvc.env, log, timeout)
         here("commit", "--force", *stages)  # saves each stage's run-cache entry, uncached outputs too
-    return stages
+        locked = read_yaml(scratch / LOCK)["stages"]
+    return {name: locked[name] for name in stages}
+
+
+@contextmanager
+def shared_lock(project: Path, entries: Mapping[str, Any]) -> Iterator[None]:
+    """While the variants are queued, the project's dvc.lock holds the shared stages' `entries`.
+
+    A queued experiment starts from the workspace's dvc.lock. One whose entries name outputs that
+    are not in the cache (a fresh clone's) breaks DVC's experiment after a stage is checked out of
+    the run-cache (`failed to load directory`); these entries' outputs are all there. The file is
+    put back as it was, whatever happens.
+    """
+    path = project / LOCK
+    if not entries:
+        yield
+        return
+    original = path.read_bytes() if path.is_file() else None
+    locked = yaml.safe_load(original or b"") or {"schema": "2.0", "stages": {}}
+    locked["stages"] = {**locked.get("stages", {}), **entries}
+    path.write_text(yaml.safe_dump(locked, sort_keys=False), encoding="utf-8")
+    try:
+        yield
+    finally:
+        if original is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(original)
 
 
 def _leaves(status: Any) -> Iterator[str]:
