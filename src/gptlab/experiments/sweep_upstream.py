@@ -151,8 +151,16 @@ def _run_logged(command: list[str], cwd: Path, env: Mapping[str, str], log: Any,
         ) from None
     finally:
         if proc.poll() is None:  # stopped, or timed out: no stage left running in the removed worktree
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _end_group(proc)
     if code:
         raise GptlabError(f"the shared stages failed (`{' '.join(command[1:])}` exit {code}): see {LOG}")
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `proc`'s session (its stage ends its MLflow run as KILLED), SIGKILL 30 s later."""
+    for signum, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+            return
