@@ -14,19 +14,19 @@ from gptlab.pipeline.stage import answer_arguments_first, stage_main
 answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --help answers at once
 
 import dataclasses
-from pathlib import Path
 
 from gptlab.data.config import SourceFile
 from gptlab.data.fetch import fetch, mirror_dir, safe_relative_path
 from gptlab.data.gutenberg import corpus_books, list_digest
 from gptlab.data.gutenberg_fetch import fetch_books
+from gptlab.files import project_folder
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
 from gptlab.tracking.runs import stage_run
 
 
 def run(params: Params) -> None:
-    raw_dir = Path(params.data.raw_dir)
+    raw_dir = project_folder(params.data.raw_dir, "data.raw_dir")
     mirror = mirror_dir()
     sources: dict[str, SourceFile] = {
         field.name: getattr(params.data.sources, field.name)

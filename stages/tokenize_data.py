@@ -34,7 +34,7 @@ from typing import Any
 from gptlab.data import instruct, preference, spam, verdict
 from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
-from gptlab.files import write_json
+from gptlab.files import project_folder, write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
@@ -46,7 +46,7 @@ REPORT = REPORTS / "tokenize" / "counts.json"
 
 def run(params: Params) -> None:
     cfg = params.tokenize
-    processed_dir = Path(params.data.processed_dir)
+    processed_dir = project_folder(params.data.processed_dir, "data.processed_dir")
     sources = params.data.sources
     inputs = {
         f.name: Path(params.data.raw_dir) / getattr(sources, f.name).path for f in dataclasses.fields(sources)

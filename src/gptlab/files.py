@@ -199,6 +199,24 @@ def require_folder(path: Path, option: str, hint: str = "") -> Path:
     return path
 
 
+def project_folder(value: str, key: str) -> Path:
+    """Folder `value` of params key `key`, which a stage writes: refused unless inside the project (cwd).
+
+    Read-only, a folder may be anywhere (stage tests read a shared copy of the inputs); written, it
+    stays in the project, as DVC tracks it there: an absolute path outside it or one climbing out
+    with '..' (a system folder, written as whoever runs the stage) is one line naming the key.
+    Checked by name, so a link inside the project to another disk is the way to put data there.
+    """
+    root = Path.cwd()
+    resolved = Path(os.path.normpath(root / value))
+    if resolved == root or not resolved.is_relative_to(root):
+        raise InputError(
+            f"{key} {value!r}: expected a folder inside the project ({root}), as data/raw is: "
+            "this stage writes there (for another disk, make that folder a link to it)"
+        )
+    return Path(value)
+
+
 @contextmanager
 def exclusive_lock(path: Path, holder: str, refusal: Callable[[str], str]) -> Iterator[None]:
     """Hold an OS-level lock (flock) on `path` for the block, with `holder` written in it.

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import decimal
 import functools
 import io
 import math
+import re
 import types
 import typing
 import unicodedata
@@ -26,6 +28,9 @@ import yaml
 from gptlab.errors import InputError
 
 T = TypeVar("T")
+
+# A number in exponent notation, as YAML leaves 1e9 and 5e-5 (strings: YAML 1.1 floats need a dot).
+_EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 # Field metadata key: {old value: (new value, what it means)}, see `renamed`.
 _RENAMED = "gptlab.renamed"
@@ -135,6 +140,13 @@ def _convert(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
         return value
     if annotation is int:
+        # YAML reads 1e9 (no dot, no sign) as a string, as it does 5e-5 for a float: a whole number in
+        # exponent notation is that integer, read exactly (1e30 too), so both kinds of field take "1e9".
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            exact = decimal.Decimal(value)
+            if exact.adjusted() > 100 or exact != exact.to_integral_value():  # 1e999999999: no such count
+                raise ConfigError(f"{key}: expected an integer, got {_describe(value)} (not a whole number)")
+            return int(exact)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
         return value

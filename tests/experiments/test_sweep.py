@@ -21,7 +21,6 @@ import yaml
 from gptlab.errors import GptlabError, InputError
 from gptlab.experiments.dvc_commands import Dvc, QueueStatus
 from gptlab.experiments.dvc_commands import ExperimentRow as Experiment
-from gptlab.experiments.profiles import merge_overrides
 from gptlab.experiments.sweep import (
     Stopped,
     Sweep,
@@ -668,13 +667,10 @@ def expected_trainable() -> dict[str, int]:
 def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs(
     tmp_path: Path, shared_data: Path, isolated_tools: str
 ) -> None:
-    """The recommended way: the shared stages run and committed once, then the variants in DVC's queue."""
+    """A fresh clone, nothing run, a profile: the shared stages run once, then the variants in DVC's queue."""
     project = tmp_path / "project"
     copy_project(project)
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    (project / "params.yaml").write_text(
-        yaml.safe_dump(merge_overrides(params, TINY_PARAMS), sort_keys=False)
-    )
+    write_yaml(project / "profiles" / "tiny.yaml", TINY_PARAMS)
     write_yaml(project / "sweeps" / "tiny.yaml", with_table({"stage": "spam-finetune", "variants": VARIANTS}))
     env = {
         **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
@@ -686,16 +682,16 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    dvc(project, "repro", "load-gpt2", env=env)
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "the shared stages, run once")
 
-    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "check"]
+    gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--profile", "tiny"]
+    gptlab += ["--name", "check"]
     proc = subprocess.run(
         [*gptlab, "--jobs", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "note:" not in proc.stderr, proc.stderr  # no variant trains the same model as another
+    shared = "running the shared stages once for every variant (download, tokenize, pretrain, load-gpt2;"
+    assert shared in proc.stdout, proc.stdout
 
     # The table: one row per variant, its params, trainable count, accuracies and time.
     rows = {row["variant"]: row for row in csv.DictReader((project / "reports/sweeps/check.csv").open())}
@@ -741,11 +737,17 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
         assert row["mlflow_run_id"] == run.info.run_id
         assert float(row["wall_seconds"]) == pytest.approx(float(run.data.tags["gptlab.wall_seconds"]))
         assert int(run.data.tags["gptlab.trainable_params"]) == trainable[variant]
-    # The variants took the committed shared stages from DVC's cache: pretrain ran once, in the workspace.
+    # Issue 65, item 18: the variants took the shared stages from DVC's run-cache; pretrain ran once,
+    # before them (each variant ran it again before), and the scratch worktree is gone.
     pretrain = client.search_runs(
         [experiment.experiment_id], filter_string="tags.`gptlab.stage` = 'pretrain'"
     )
     assert len(pretrain) == 1
+    for variant in VARIANTS:
+        logs = dvc(project, "queue", "logs", f"check-{variant}", env=env).stdout
+        assert "Stage 'pretrain' is cached - skipping run, checking out outputs" in logs, logs[-3000:]
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=project, capture_output=True, text=True)
+    assert worktrees.stdout.count("\n") == 1, worktrees.stdout
 
     # A second run under the same name is refused unless asked to replace the first.
     again = subprocess.run(gptlab, cwd=project, env=env, capture_output=True, text=True, timeout=300)

@@ -74,6 +74,30 @@ def test_repo_params_load_with_their_values(raw: dict[str, Any]) -> None:
     assert dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
+def test_exponent_notation_is_a_number_for_integers_as_for_floats(
+    raw: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 65, item 18: YAML reads 1e9 as a string; "1e9" was a float for preference.beta but a
+    type error for allowed_max_length. Now both fields read it as the number, and their own ranges judge it."""
+    assert yaml.safe_load("1e9") == "1e9"  # the string the loader gets for an unquoted 1e9
+    params = load_params(edited(raw, tmp_path, "preference.allowed_max_length", "1.024e3"))
+    assert params.preference.allowed_max_length == 1024 and type(params.preference.allowed_max_length) is int
+    for key in ("preference.beta", "preference.allowed_max_length"):
+        message = refusal(raw, tmp_path, key, "1e9")
+        assert message.startswith(f"{key}: expected") and "1000000000" in message, message
+        assert "expected an integer" not in message and "expected a float" not in message, message
+    # Not whole, or beyond any count: the integer's type error, naming the key and the value.
+    for value in ("1.25e1", "1e-3", "1e999999999"):
+        assert refusal(raw, tmp_path, "pretrain.train.batch_size", value) == (
+            f"pretrain.train.batch_size: expected an integer, got '{value}' (not a whole number)"
+        )
+    # Quoted digits and a YAML float stay refused, as before.
+    assert (
+        refusal(raw, tmp_path, "spam.train.batch_size", "8")
+        == "spam.train.batch_size: expected an integer, got '8'"
+    )
+
+
 def _fields_missing_from(cls: type, data: Any, path: str) -> list[str]:
     """Config fields with no key in `data` (defaults hide these from the loader's missing-key check)."""
     missing = []
@@ -326,7 +350,11 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ("corpus.gutenberg.max_books", 1, "corpus.gutenberg.max_books: expected an integer of at least 2"),
         ("corpus.gutenberg.books_per_author", 0, "corpus.gutenberg.books_per_author: expected a positive"),
         ("corpus.gutenberg.val_every", 1, "corpus.gutenberg.val_every: expected an integer of at least 2"),
-        ("corpus.gutenberg.shard_tokens", 0, "corpus.gutenberg.shard_tokens: expected a positive integer"),
+        ("corpus.gutenberg.shard_tokens", 0, "corpus.gutenberg.shard_tokens: expected 65,536 to 268,435,456"),
+        # Row 73: one file per token (4,416 files for 4 books) is refused, as is a buffer of GiBs.
+        ("corpus.gutenberg.shard_tokens", 1, "corpus.gutenberg.shard_tokens: expected 65,536 to 268,435,456"),
+        ("corpus.gutenberg.shard_tokens", 65_535, "corpus.gutenberg.shard_tokens: expected 65,536 to"),
+        ("corpus.gutenberg.shard_tokens", 1 << 29, "corpus.gutenberg.shard_tokens: expected 65,536 to"),
         ("pretrain.train.eval_in_one_pass", True, "pretrain.train.eval_in_one_pass: needs rng: per_epoch"),
     ],
 )

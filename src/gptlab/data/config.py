@@ -81,9 +81,24 @@ class GutenbergCorpus:
             f"expected an integer of at least 2 (one training and one validation book) or null, got {self.max_books}",
         )
         require(self.val_every >= 2, "val_every", f"expected an integer of at least 2, got {self.val_every}")
-        require(
-            self.shard_tokens > 0, "shard_tokens", f"expected a positive integer, got {self.shard_tokens}"
-        )
+        check_shard_tokens(self.shard_tokens)
+
+
+# Token ids per shard file a corpus may use. The floor is 64 windows of the longest context (1,024):
+# below it a corpus becomes thousands of tiny files (one per token at 1: ~20 million for 171
+# books); above the cap the writer's buffer alone takes 512 MiB (2 bytes an id).
+SHARD_TOKENS_RANGE = (65_536, 1 << 28)
+
+
+def check_shard_tokens(value: int, field: str = "shard_tokens") -> None:
+    """A shard size any corpus section's `field` may hold (a FieldError naming it otherwise)."""
+    low, high = SHARD_TOKENS_RANGE
+    require(
+        low <= value <= high,
+        field,
+        f"expected {low:,} to {high:,} token ids per shard file (64 windows of the longest context at "
+        f"the least: fewer makes thousands of tiny files), got {value:,}",
+    )
 
 
 @dataclass(frozen=True)

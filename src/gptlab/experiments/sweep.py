@@ -28,6 +28,7 @@ from gptlab.experiments import profiles
 from gptlab.experiments.compare import markdown_grid
 from gptlab.experiments.dvc_commands import Dvc, ExperimentRow, signals_held
 from gptlab.experiments.smoke import source_commit_env
+from gptlab.experiments.sweep_upstream import run_shared_stages, shared_lock
 from gptlab.files import atomic_path, exclusive_lock
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
@@ -524,7 +525,13 @@ def run(
                 # The MLflow store and experiments exist before stages log to them in parallel (the
                 # experiments' store is this process's: MLFLOW_TRACKING_URI, else the project's).
                 prepare_store(sorted({str(p["tracking.experiment"]) for p in sweep.effective.values()}))
-                queue(sweep, dvc, replace=replace)
+                shared = {}
+                if sweep.profile is not None:  # its shared stages once, for the variants to check out
+                    _free_names(sweep, dvc, replace)  # first: it can refuse the sweep
+                    first = next(iter(sweep.variants.values()))
+                    shared = run_shared_stages(project, dvc, sweep.file.stage, first, timeout=timeout)
+                with shared_lock(project, shared):
+                    queue(sweep, dvc, replace=replace)
                 waiting = True
                 found = run_queue(sweep, dvc, jobs=jobs, timeout=timeout)
         except Stopped as stop:
