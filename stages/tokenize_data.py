@@ -1,7 +1,9 @@
 """Stage `tokenize`: The Verdict, the SMS spam collection and the instruction data, ready to train on.
 
-Reads the download stage's files from data.raw_dir and writes under
-data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy},
+Reads the download stage's files from data.raw_dir (the labelled texts from
+tokenize.spam.file: the collection, or your own CSV/TSV/JSONL file) and writes under
+data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy} (and
+labels.json, your file's class names),
 instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
 report); with corpus.name gutenberg, also the books as token shards,
@@ -24,9 +26,10 @@ answer_arguments_first(__name__, __doc__)  # before torch and mlflow load: --hel
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.data import instruct, preference, spam, verdict
+from gptlab.data.config import SpamSplit
 from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
@@ -35,6 +38,9 @@ from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
 from gptlab.tracking.runs import stage_run
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REPORT = REPORTS / "tokenize" / "counts.json"
 
@@ -56,6 +62,8 @@ def run(params: Params) -> None:
     books = corpus_books(corpus, params.data.raw_dir) if params.corpus.name == "gutenberg" else []
     books_dir = Path(params.data.raw_dir) / corpus.path
     require_books(books, books_dir)
+    # The labelled texts read and checked before any work too: a bad row stops the stage here.
+    own, labelled = _labelled_texts(cfg.spam)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
@@ -70,15 +78,7 @@ def run(params: Params) -> None:
             "verdict": verdict.prepare(
                 inputs["the_verdict"], processed_dir, tokenizer, cfg.verdict.train_ratio
             ),
-            "spam": spam.prepare(
-                inputs["sms_spam"],
-                processed_dir,
-                tokenizer,
-                seed=cfg.spam.seed,
-                train_frac=cfg.spam.train_frac,
-                val_frac=cfg.spam.val_frac,
-                max_rows=cfg.spam.max_rows,
-            ),
+            "spam": spam.write_splits(*labelled, processed_dir, tokenizer, own=own is not None),
             "instruct": instruct.prepare(
                 inputs["instruction_data"],
                 processed_dir,
@@ -109,15 +109,36 @@ def run(params: Params) -> None:
             tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
-        for name in ("verdict", "spam", "instruct"):
-            source = {"verdict": "the_verdict", "spam": "sms_spam", "instruct": "instruction_data"}[name]
-            tracker.log_input(name, inputs[source], context="source", profile=_split_sizes(metrics[name]))
+        sources = {
+            "verdict": inputs["the_verdict"],
+            "spam": Path(split.file),
+            "instruct": inputs["instruction_data"],
+        }
+        for name, source in sources.items():
+            tracker.log_input(name, source, context="source", profile=_split_sizes(metrics[name]))
         tracker.log_artifact(REPORT, "tokenize")
         example = instruct.load_split(processed_dir, "train")[:1]
         if example:
             prompt = instruct.format_prompt(example[0]) + example[0]["output"]
             tracker.log_text(prompt, "tokenize/instruct_example.txt")
     print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _labelled_texts(split: SpamSplit) -> tuple[spam.OwnFile | None, tuple[pd.DataFrame, spam.SpamSplits]]:
+    """How tokenize.spam.file reads (None: the collection, as the book), and its checked splits."""
+    own = None
+    if split.format != "sms":
+        own = spam.OwnFile(split.format, split.text_column, split.label_column, split.labels)
+    labelled = spam.load_splits(
+        split.file,
+        seed=split.seed,
+        train_frac=split.train_frac,
+        val_frac=split.val_frac,
+        max_rows=split.max_rows,
+        balance=split.balance,
+        own=own,
+    )
+    return own, labelled
 
 
 def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:
