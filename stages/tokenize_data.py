@@ -111,7 +111,7 @@ def run(params: Params) -> None:
         tracker.log_params(flatten(metrics, "counts"))
         sources = {
             "verdict": inputs["the_verdict"],
-            "spam": Path(split.file),
+            "spam": Path(cfg.spam.file),
             "instruct": inputs["instruction_data"],
         }
         for name, source in sources.items():
