@@ -8,6 +8,7 @@ file and the row, line or key, before anything is written.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -217,3 +218,32 @@ def test_the_stage_exits_2_on_a_bad_file_before_writing_anything(
     assert stopped.value.code == EXIT_USAGE
     assert capsys.readouterr().err == "error: labels.jsonl, line 19: not JSON (Expecting value at column 1)\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.jsonl", "params.yaml"]
+
+
+@pytest.mark.slow
+def test_the_stage_reads_your_file_and_logs_it_as_a_dataset_input(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, isolated_tools: str
+) -> None:
+    import mlflow
+
+    params = committed_params_raw()
+    params["data"]["raw_dir"] = str(shared_data)
+    params["tokenize"]["spam"].update(file="tickets.jsonl", format="jsonl", **FRACTIONS)
+    params["tracking"]["system_metrics"] = False
+    labels = write_as(tmp_path / "tickets.jsonl", "jsonl", example_rows())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+
+    stage_main(tokenize_data.run, None, ["--params", "params.yaml"])
+
+    counts = json.loads(Path("reports/tokenize/counts.json").read_text(encoding="utf-8"))
+    assert counts["spam"]["raw"] == {"rows": 40, "billing": 14, "bug": 13, "feature": 13}
+    assert spam.SpamDataset("data/processed", "val").class_names == CLASSES
+    client = mlflow.MlflowClient(isolated_tools)
+    run = client.search_runs([client.get_experiment_by_name("gptlab").experiment_id])[0]
+    dataset = {d.dataset.name: d for d in run.inputs.dataset_inputs}["spam"]
+    # DVC's content hash of the file, as dvc.lock records it for the stage's dependency.
+    assert dataset.dataset.digest == hashlib.md5(labels.read_bytes()).hexdigest()
+    assert json.loads(dataset.dataset.profile) == {"train_rows": 23, "val_rows": 7, "test_rows": 9}
+    assert {t.key: t.value for t in dataset.tags}["gptlab.path"] == "tickets.jsonl"
+    assert run.data.params["tokenize.spam.format"] == "jsonl"
