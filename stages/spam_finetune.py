@@ -50,6 +50,7 @@ from gptlab.tasks.classifier import (
     SplitAccuracies,
     classification_loss,
     count_examples,
+    headline_scores,
     make_classifier,
     metrics_and_counts,
     percentages,
@@ -185,7 +186,7 @@ def _model_metadata(
         "base_weights": cfg.base_weights,
         "base_metadata": base_metadata,
         **trainable_metadata(cfg.trainable, trainable, cfg.lora),
-        "metrics": {split: metrics[split] for split in SPLITS},
+        "metrics": {split: headline_scores(metrics[split]) for split in SPLITS},
         "stage": STAGE,
     }
 

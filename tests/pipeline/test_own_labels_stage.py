@@ -115,6 +115,8 @@ def test_three_classes_get_their_metrics_matrix_and_names(trained: tuple[Path, s
     model, metadata = load_model(trained / "models" / "spam")
     assert model.cfg.num_classes == 3
     assert metadata["labels"] == {"0": "billing", "1": "bug", "2": "feature"}
+    headline = ("accuracy", "macro_precision", "macro_recall", "macro_f1")
+    assert metadata["metrics"]["test"] == {name: scores[name] for name in headline}
 
 
 @pytest.mark.slow

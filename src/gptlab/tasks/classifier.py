@@ -322,6 +322,15 @@ def metrics_and_counts(
     return metrics, counts
 
 
+def headline_scores(scores: dict[str, Any]) -> dict[str, float]:
+    """A split's scores as a checkpoint records them: the accuracy, and the positive class's scores
+    (two classes, the book's) or else the macro averages."""
+    names = (
+        ("precision", "recall", "f1") if "f1" in scores else ("macro_precision", "macro_recall", "macro_f1")
+    )
+    return {name: scores[name] for name in ("accuracy", *names)}
+
+
 def confusion_counts(
     scores: dict[str, Any], class_names: Sequence[str] = CLASS_NAMES
 ) -> dict[str, dict[str, int]]:
