@@ -34,6 +34,7 @@ def stage_params(tmp: Path, mirror: Path, books: int) -> Path:
     """params.yaml with the Gutenberg corpus's first `books` mirrored books, read from `mirror`."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     params["data"] |= {"raw_dir": str(mirror), "processed_dir": str(tmp / f"processed-{books}")}
+    params["tokenize"]["spam"]["file"] = str(mirror / params["data"]["sources"]["sms_spam"]["path"])
     corpus = params["corpus"]
     corpus["name"] = "gutenberg"
     corpus["gutenberg"] |= {"books_per_author": 2, "max_books": books}  # the book list: the mirror's

@@ -2,14 +2,17 @@
 
 Reads the base model models/gpt2/<spam.base_model> (stage load-gpt2; with
 `spam.base_weights: random` only its architecture, freshly drawn) and the spam
-splits under data.processed_dir (stage tokenize; `spam.max_length` encodes the
-messages again to another length). Swaps the LM head for a seeded 2-class head,
+splits under data.processed_dir (stage tokenize: the SMS collection's ham and spam,
+or the classes of your own file; `spam.max_length` encodes the
+messages again to another length). Swaps the LM head for a seeded head of one
+output per class,
 trains what `spam.trainable` selects with the shared loop (with `lora`, the
 LoRA adapters of appendix E, added after the first accuracies as the book adds
 them, and merged into the weights once trained), and writes models/spam/ (the
 classifier, rebuildable alone) and reports/spam/:
-metrics.json (accuracy, precision, recall, F1, losses: DVC metrics), counts.json
-(steps, examples seen, trainable parameters, each split's confusion matrix),
+metrics.json (accuracy; precision, recall and F1 of spam (of the second class
+with two); each class's and their macro averages; losses: DVC metrics), counts.json
+(steps, examples seen, trainable parameters, each split's N x N confusion matrix),
 losses.csv, accuracy.csv, predictions.csv and confusion_matrix.png. Everything
 also goes to the stage's MLflow run, which links the load-gpt2 run that wrote
 its base model.
@@ -44,10 +47,10 @@ from gptlab.pipeline.training_stage import (
 )
 from gptlab.schema import flatten
 from gptlab.tasks.classifier import (
-    CLASS_NAMES,
     SplitAccuracies,
     classification_loss,
     count_examples,
+    headline_scores,
     make_classifier,
     metrics_and_counts,
     percentages,
@@ -117,11 +120,12 @@ def run(params: Params) -> None:
             trunk.view(model), data, cfg.pooling, batch_size, cfg.train.precision
         )
         print("after training: " + percentages({f"{s}_accuracy": m["accuracy"] for s, m in final.items()}))
-        metrics, counts = metrics_and_counts(initial, final, result, trainable)
+        class_names = data["train"].class_names
+        metrics, counts = metrics_and_counts(initial, final, result, trainable, class_names)
         write_and_log_scores(
             stage.tracker, REPORT_DIR, initial, result.epochs, final, data["test"], predictions["test"]
         )
-        metadata = _model_metadata(cfg, data["train"].max_length, base_metadata, trainable, metrics)
+        metadata = _model_metadata(cfg, data["train"], base_metadata, trainable, metrics)
         reports = Reports(REPORT_DIR, metrics, counts, loss_table(result.history, LOSS_COLUMNS))
         stage.publish(
             model,
@@ -167,18 +171,22 @@ def _report_trunk(tracker: StageRun, trunk: FrozenTrunk) -> None:
 
 
 def _model_metadata(
-    cfg: SpamConfig, max_length: int, base_metadata: dict[str, Any], trainable: int, metrics: dict[str, Any]
+    cfg: SpamConfig,
+    train: SpamDataset,
+    base_metadata: dict[str, Any],
+    trainable: int,
+    metrics: dict[str, Any],
 ) -> dict[str, Any]:
     """What the classifier's checkpoint records: labels, input length, pooling, base model, scores."""
     return {
-        "labels": {str(index): name for index, name in enumerate(CLASS_NAMES)},
-        "max_length": max_length,
+        "labels": {str(index): name for index, name in enumerate(train.class_names)},
+        "max_length": train.max_length,
         "pooling": cfg.pooling,
         "base_model": cfg.base_model,
         "base_weights": cfg.base_weights,
         "base_metadata": base_metadata,
         **trainable_metadata(cfg.trainable, trainable, cfg.lora),
-        "metrics": {split: metrics[split] for split in SPLITS},
+        "metrics": {split: headline_scores(metrics[split]) for split in SPLITS},
         "stage": STAGE,
     }
 
@@ -196,7 +204,7 @@ def _classifier_and_data(
     )
     model = make_classifier(
         model,
-        len(CLASS_NAMES),
+        len(data["train"].class_names),
         trainable=cfg.trainable,
         trainable_blocks=cfg.trainable_blocks,
         seed=cfg.train.seed,

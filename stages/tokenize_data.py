@@ -1,7 +1,9 @@
 """Stage `tokenize`: The Verdict, the SMS spam collection and the instruction data, ready to train on.
 
-Reads the download stage's files from data.raw_dir and writes under
-data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy},
+Reads the download stage's files from data.raw_dir (the labelled texts from
+tokenize.spam.file: the collection, or your own CSV/TSV/JSONL file) and writes under
+data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy} (and
+labels.json, your file's class names),
 instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
 report); with corpus.name gutenberg, also the books as token shards,
@@ -29,9 +31,10 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.data import instruct, preference, spam, verdict
+from gptlab.data.config import SpamSplit
 from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
 from gptlab.files import project_folder, write_json
@@ -40,6 +43,9 @@ from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
 from gptlab.tracking.runs import stage_run
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REPORT = REPORTS / "tokenize" / "counts.json"
 
@@ -62,6 +68,8 @@ def run(params: Params) -> None:
     books = corpus_books(corpus, params.data.raw_dir) if params.corpus.name == "gutenberg" else []
     books_dir = Path(params.data.raw_dir) / corpus.path
     require_books(books, books_dir)
+    # The labelled texts read and checked before any work too: a bad row stops the stage here.
+    labelled = _labelled_texts(cfg.spam)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     raw_dir = params.data.raw_dir
     instructions = instruct.read_splits(
@@ -82,15 +90,7 @@ def run(params: Params) -> None:
             "verdict": verdict.prepare(
                 inputs["the_verdict"], processed_dir, tokenizer, cfg.verdict.train_ratio
             ),
-            "spam": spam.prepare(
-                inputs["sms_spam"],
-                processed_dir,
-                tokenizer,
-                seed=cfg.spam.seed,
-                train_frac=cfg.spam.train_frac,
-                val_frac=cfg.spam.val_frac,
-                max_rows=cfg.spam.max_rows,
-            ),
+            "spam": spam.write_splits(*labelled, processed_dir, tokenizer, own="spam" in own),
             "instruct": instruct.write_splits(instructions, processed_dir, tokenizer),
         }
         metrics.update(_write_pairs(pairs, pairs_path, processed_dir, own="preference" in own))
@@ -123,7 +123,7 @@ def run(params: Params) -> None:
 
 
 def _own_files(params: Params) -> dict[str, Path]:
-    """The instructions and pairs read from files of the user's own (not the book's), each there to read."""
+    """The labelled texts, instructions and pairs read from files of the user's own (not the book's)."""
     cfg, sources = params.tokenize, params.data.sources
     own = {
         name: Path(split.path)
@@ -138,6 +138,8 @@ def _own_files(params: Params) -> dict[str, Path]:
             raise FileNotFoundError(
                 f"tokenize.{name}.path: {path} not found (a file of your own, in the project)"
             )
+    if cfg.spam.format != "sms":  # the labelled file: read, and a missing one named, by spam.load_splits
+        own["spam"] = Path(cfg.spam.file)
     return own
 
 
@@ -150,6 +152,23 @@ def _write_pairs(pairs: preference.Pairs, path: Path, processed_dir: Path, *, ow
     if (dropped := preference.describe_dropped(pairs, path)) is not None:
         print(f"warning: {dropped}", file=sys.stderr)
     return {"preference": counts} if own or pairs.dropped else {}
+
+
+def _labelled_texts(split: SpamSplit) -> tuple[pd.DataFrame, spam.SpamSplits]:
+    """tokenize.spam.file's checked splits, read as the book reads the collection or as a file of your own."""
+    own = None
+    if split.format != "sms":
+        own = spam.OwnFile(split.format, split.text_column, split.label_column, split.labels)
+    labelled = spam.load_splits(
+        split.file,
+        seed=split.seed,
+        train_frac=split.train_frac,
+        val_frac=split.val_frac,
+        max_rows=split.max_rows,
+        balance=split.balance,
+        own=own,
+    )
+    return labelled
 
 
 def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:

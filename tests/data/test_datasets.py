@@ -30,7 +30,10 @@ from helpers import committed_params, snapshot
 def stage_params(raw_dir: Path, processed_dir: Path) -> Params:
     params = committed_params()
     data = dataclasses.replace(params.data, raw_dir=str(raw_dir), processed_dir=str(processed_dir))
-    return dataclasses.replace(params, data=data)
+    # The labelled texts: the collection, wherever raw_dir now is.
+    spam_split = dataclasses.replace(params.tokenize.spam, file=str(raw_dir / data.sources.sms_spam.path))
+    tokenize = dataclasses.replace(params.tokenize, spam=spam_split)
+    return dataclasses.replace(params, data=data, tokenize=tokenize)
 
 
 def run_stage(workdir: Path, raw_dir: Path, mlflow_db: Path) -> Path:
@@ -192,7 +195,7 @@ def test_spam_bad_input(tmp_path: Path, tokenizer: tiktoken.Encoding, shared_dat
     with pytest.raises(FileNotFoundError, match="dvc repro tokenize"):
         spam.SpamDataset(tmp_path, "train")
     collection = shared_data / "sms_spam_collection" / "SMSSpamCollection"
-    with pytest.raises(ValueError, match="no training rows"):
+    with pytest.raises(ValueError, match="the train split has 0 rows"):
         spam.prepare(collection, tmp_path, tokenizer, seed=1, train_frac=0.0001, val_frac=0.1)
 
 

@@ -197,6 +197,7 @@ def own_params(project: Path, raw_dir: Path) -> Params:
         tokenize,
         instruct=dataclasses.replace(tokenize.instruct, path="own/instructions.jsonl", fields=MAPPED),
         preference=dataclasses.replace(tokenize.preference, path="own/pairs.json", fields=fields),
+        spam=dataclasses.replace(tokenize.spam, file=str(raw_dir / params.data.sources.sms_spam.path)),
     )
     data = dataclasses.replace(
         params.data, raw_dir=str(raw_dir), processed_dir=str(project / "data" / "processed")

@@ -22,6 +22,7 @@ from gptlab.tasks.classifier import (
     class_logits,
     classification_loss,
     classification_metrics,
+    confusion_counts,
     count_trainable,
     last_token_classification_loss,
     make_classifier,
@@ -212,3 +213,43 @@ def test_metrics_without_any_spam_prediction_stay_defined() -> None:
     assert metrics["precision"] == 0.0 and metrics["recall"] == 0.0 and metrics["f1"] == 0.0
     assert metrics["confusion_matrix"] == [[2, 0], [1, 0]]
     assert classification_metrics([0, 0], [0, 0])["confusion_matrix"] == [[2, 0], [0, 0]]
+
+
+def test_three_class_metrics_agree_with_scikit_learn() -> None:
+    names = ("billing", "bug", "feature")
+    # 4 billing, 3 bug, 3 feature; two bugs read as billing, one feature as bug, one billing as feature.
+    actual = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    predicted = [0, 0, 0, 2, 0, 0, 1, 2, 2, 1]
+    metrics = classification_metrics(actual, predicted, class_names=names)
+    assert metrics["accuracy"] == pytest.approx(6 / 10) == accuracy_score(actual, predicted)
+    # No positive class among three: the book's spam scores are left out, the macro averages stand in.
+    assert not {"precision", "recall", "f1"} & set(metrics)
+    for average in ("precision", "recall", "f1"):
+        score = {"precision": precision_score, "recall": recall_score, "f1": f1_score}[average]
+        per_class = score(actual, predicted, average=None, labels=[0, 1, 2], zero_division=0.0)
+        assert [metrics["classes"][n][average] for n in names] == pytest.approx(per_class.tolist())
+        macro = score(actual, predicted, average="macro", labels=[0, 1, 2], zero_division=0.0)
+        assert metrics[f"macro_{average}"] == pytest.approx(macro)
+    # billing by hand: 3 of the 5 predicted billing are billing, 3 of the 4 billing are found.
+    assert metrics["classes"]["billing"]["precision"] == pytest.approx(3 / 5)
+    assert metrics["classes"]["billing"]["recall"] == pytest.approx(3 / 4)
+    assert metrics["confusion_matrix"] == [[3, 0, 1], [2, 1, 0], [0, 1, 2]]
+    assert metrics["confusion_matrix"] == confusion_matrix(actual, predicted).tolist()
+    assert confusion_counts(metrics, names)["actual_bug"] == {
+        "predicted_billing": 2,
+        "predicted_bug": 1,
+        "predicted_feature": 0,
+    }
+
+
+def test_two_class_metrics_keep_the_positive_class_scores_and_add_each_class() -> None:
+    actual = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    predicted = [1, 1, 1, 0, 1, 1, 0, 0, 0, 0]
+    metrics = classification_metrics(actual, predicted)
+    assert metrics["classes"]["spam"] == {
+        "precision": metrics["precision"],
+        "recall": metrics["recall"],
+        "f1": metrics["f1"],
+    }
+    assert metrics["classes"]["ham"]["recall"] == pytest.approx(4 / 6)
+    assert metrics["macro_f1"] == pytest.approx(f1_score(actual, predicted, average="macro"))

@@ -56,6 +56,7 @@ OK, OFF, NOT_RUN, OTHER_DATA = "✓", "✗", "not run", "other data"
 # Their figures are marked "other data", not compared.
 _BOOK_DATA = (
     ("a corpus other than The Verdict", "corpus.name", ("verdict",), ("pretrain/", "eval/")),
+    ("a pretrain continued from a checkpoint", "pretrain.init", ("random",), ("pretrain/", "eval/")),
     (
         "instructions of your own",
         "tokenize.instruct.path",
@@ -70,7 +71,7 @@ _BOOK_DATA = (
     ),
     (
         "labels of your own",
-        "tokenize.spam.path",
+        "tokenize.spam.file",
         ("data/raw/sms_spam_collection/SMSSpamCollection",),
         ("spam/", "sweeps/spam", "tokenize/counts.json:spam."),
     ),

@@ -121,11 +121,24 @@ class VerdictSplit:
 
 @dataclass(frozen=True)
 class SpamSplit:
+    """The classifier's labelled texts: the SMS Spam Collection (format sms) or your own file, and its splits.
+
+    `file` is a project path (a DVC dependency of tokenize); `labels` the class names in class-id
+    order, or `sorted`; `balance` downsample cuts every class to the smallest one's count, as the
+    book cuts ham to the spam count.
+    """
+
     seed: int
     train_frac: float
     val_frac: float
     # Keep only this many rows of each split (smoke runs); null keeps all.
     max_rows: int | None
+    file: str = "data/raw/sms_spam_collection/SMSSpamCollection"
+    format: Literal["sms", "csv", "tsv", "jsonl"] = "sms"
+    text_column: str = "text"
+    label_column: str = "label"
+    labels: list[str] | Literal["sorted"] = "sorted"
+    balance: Literal["downsample", "none"] = "downsample"
 
     def __post_init__(self) -> None:
         _check_fractions(self.train_frac, self.val_frac, "val_frac", rest="test")
@@ -134,6 +147,13 @@ class SpamSplit:
             "max_rows",
             f"expected a positive integer or null, got {self.max_rows}",
         )
+        if self.labels != "sorted":
+            require(
+                len(self.labels) >= 2 and len(set(self.labels)) == len(self.labels),
+                "labels",
+                f"expected at least 2 distinct class names (or sorted), got {self.labels}",
+            )
+        require(bool(self.file.strip()), "file", "expected a path to a labelled file, got an empty string")
 
 
 @dataclass(frozen=True)

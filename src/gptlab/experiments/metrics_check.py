@@ -341,7 +341,7 @@ def default_guard(key: str, value: float) -> GuardedMetric | None:
     if "loss" in name:
         tolerance = max(abs(value) * RELATIVE_LOSS_TOLERANCE, MIN_LOSS_TOLERANCE)
         return GuardedMetric(_round(value), "lower", _round(tolerance, 3))
-    if name in _SCORES or name.startswith("rouge"):
+    if name.removeprefix("macro_") in _SCORES or name.startswith("rouge"):
         return GuardedMetric(_round(value), "higher", SCORE_TOLERANCE)
     if key.lower() == "judge.mean":
         return GuardedMetric(_round(value), "higher", JUDGE_TOLERANCE)

@@ -12,7 +12,8 @@ import numpy as np
 from gptlab.data.spam import SpamDataset
 from gptlab.files import write_csv, write_figure
 from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
-from gptlab.tasks.classifier import CLASS_NAMES, Predictions
+from gptlab.serving.specs import probability_column
+from gptlab.tasks.classifier import Predictions
 from gptlab.tracking.buffered_run import StageRun
 
 
@@ -34,22 +35,21 @@ def write_and_log_scores(
     write_csv(report_dir / "accuracy.csv", curve)
     tracker.log_figure(plot_accuracy(curve.to_dict("records")), "spam/accuracy.png")
     actual, predicted, probs = test_predictions
-    names = np.array(CLASS_NAMES)
+    class_names = test_set.class_names
+    names = np.array(class_names)
     write_csv(
         report_dir / "predictions.csv", pd.DataFrame({"actual": names[actual], "predicted": names[predicted]})
     )
-    figure = plot_confusion_matrix(final["test"]["confusion_matrix"], CLASS_NAMES, "spam-finetune: test set")
+    figure = plot_confusion_matrix(final["test"]["confusion_matrix"], class_names, "spam-finetune: test set")
     write_figure(report_dir / "confusion_matrix.png", figure)
     tracker.log_figure(figure, "spam/confusion_matrix.png")
     for split, scores in final.items():
-        matrix = {"labels": list(CLASS_NAMES), "rows": "actual", "columns": "predicted"}
+        matrix = {"labels": list(class_names), "rows": "actual", "columns": "predicted"}
         tracker.log_dict(
             {**matrix, "matrix": scores["confusion_matrix"]}, f"spam/confusion_matrix_{split}.json"
         )
-    table = {
-        "text": test_set.texts,
-        "actual": [CLASS_NAMES[i] for i in actual],
-        "predicted": [CLASS_NAMES[i] for i in predicted],
-        "spam_probability": probs[:, CLASS_NAMES.index("spam")],
-    }
+    # The served model's answer: spam's probability (ham/spam), else the predicted class's.
+    column = probability_column(class_names)
+    shown = probs[:, class_names.index("spam")] if column == "spam_probability" else probs.max(axis=1)
+    table = {"text": test_set.texts, "actual": names[actual], "predicted": names[predicted], column: shown}
     tracker.log_table(pd.DataFrame(table), "spam/test_predictions.json")

@@ -14,7 +14,8 @@ manifest as it loads) and GPT-2's BPE files
 without the project on `sys.path`. Three kinds, each with a signature and an
 input example:
 
-- `spam`: a DataFrame column `text` -> `label` (ham / spam) and `spam_probability`,
+- `spam`: a DataFrame column `text` -> `label` (ham / spam) and `spam_probability`
+  (a classifier of your own classes: `label`, one of them, and its `probability`),
   each message encoded, truncated and padded as in training (`gptlab classify`);
 - `instruct`: `instruction` and optional `input` -> `response`, the greedy answer
   to the Alpaca prompt, fitted to the context as `gptlab chat` does (params
@@ -53,7 +54,7 @@ from gptlab.model.config import SampleConfig
 from gptlab.model.generate import generate_text
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import gpt2_tokenizer
-from gptlab.serving.specs import KIND_KEY, KINDS
+from gptlab.serving.specs import KIND_KEY, KINDS, probability_column
 from gptlab.tasks import request
 from gptlab.tasks.classifier import classify_texts
 from gptlab.tasks.responses import fit_to_context, generate_response
@@ -85,7 +86,7 @@ class _Checkpoint(mlflow.pyfunc.PythonModel):
 
 
 class SpamClassifier(_Checkpoint):
-    """`text` -> `label` and `spam_probability`, exactly as `gptlab classify` computes them."""
+    """`text` -> `label` and `spam_probability` (or `probability`), exactly as `gptlab classify` computes them."""
 
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
@@ -103,10 +104,10 @@ class SpamClassifier(_Checkpoint):
             batch_size=batch_size,
         )
         labels = {int(index): name for index, name in self.metadata["labels"].items()}
-        spam = next(index for index, name in labels.items() if name == "spam")
-        return pd.DataFrame(
-            {"label": [labels[int(i)] for i in probs.argmax(axis=1)], "spam_probability": probs[:, spam]}
-        )
+        names = [labels[i] for i in sorted(labels)]
+        column = probability_column(names)
+        shown = probs[:, names.index("spam")] if column == "spam_probability" else probs.max(axis=1)
+        return pd.DataFrame({"label": [names[int(i)] for i in probs.argmax(axis=1)], column: shown})
 
 
 class InstructionModel(_Checkpoint):

@@ -10,7 +10,7 @@ is part of no stage's code (dvc.yaml's deps): editing it reruns no training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 import gptlab
+from gptlab.model.checkpoint import read_config
 from gptlab.tracking.registry import CHECKPOINT, ENCODER_JSON, VOCAB_BPE, PyfuncSpec
 
 KINDS = ("spam", "instruct", "lm")
@@ -60,7 +61,9 @@ def model_spec(
     vocab_bpe, encoder_json = bpe_files
     if served == "spam":
         inputs = Schema([ColSpec("string", "text")])
-        outputs = Schema([ColSpec("string", "label"), ColSpec("double", "spam_probability")])
+        labels = read_config(checkpoint)[1].get("labels", {})
+        column = probability_column([labels[key] for key in sorted(labels, key=int)])
+        outputs = Schema([ColSpec("string", "label"), ColSpec("double", column)])
         param_specs = [ParamSpec("batch_size", "long", int(defaults.get("batch_size", 8)))]
         example: Any = pd.DataFrame(
             {"text": ["You are a winner! Claim your free prize now", "Are we still on for dinner tonight?"]}
@@ -96,6 +99,12 @@ def model_spec(
         input_example=example,
         pip_requirements=requirements(),
     )
+
+
+def probability_column(class_names: Sequence[str]) -> str:
+    """The classifier's second answer: `spam_probability` (the book's ham and spam), else the
+    `probability` of the label it answers."""
+    return "spam_probability" if tuple(class_names) == ("ham", "spam") else "probability"
 
 
 def _sampling_params(defaults: Mapping[str, Any]) -> list[ParamSpec]:

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from gptlab.data.spam import LABELS, encode_texts, pad_ids
+from gptlab.data.spam import LABELS, SpamDataset, encode_texts, pad_ids
 from gptlab.model.gpt import GPTModel
 from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.tasks.config import Pooling, Trainable
@@ -38,7 +38,8 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 # Padding id of the spam datasets (and of `gptlab classify`); mean pooling skips it.
 PAD_TOKEN_ID = END_OF_TEXT_ID
-# Class names by class id, ("ham", "spam"), as the tokenize stage labels the messages.
+# The SMS collection's class names by class id, ("ham", "spam"), as the tokenize stage labels the messages
+# (your own file's are the datasets' `class_names`).
 CLASS_NAMES: tuple[str, ...] = tuple(sorted(LABELS, key=LABELS.__getitem__))
 
 
@@ -239,36 +240,45 @@ def classification_metrics(
     predicted: Sequence[int] | np.ndarray,
     *,
     positive: int = 1,
-    num_classes: int = 2,
+    class_names: Sequence[str] = CLASS_NAMES,
 ) -> dict[str, Any]:
-    """Accuracy, and precision/recall/F1 of the `positive` class (spam), with scikit-learn.
+    """Accuracy, each class's precision/recall/F1 and their macro averages, with scikit-learn.
 
-    `confusion_matrix[i][j]` counts examples of actual class i predicted as j
+    With two classes also the precision/recall/F1 of the `positive` one (spam), as the book
+    reports them. `confusion_matrix[i][j]` counts examples of actual class i predicted as j
     (scikit-learn's layout: rows actual, columns predicted, every class listed
     even when absent from this sample).
     """
     # Imported here, at the end of a spam run: scikit-learn takes over a second to load.
     from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
+    labels = list(range(len(class_names)))
     precision, recall, f1, _ = precision_recall_fscore_support(
-        actual, predicted, labels=[positive], average=None, zero_division=0.0
+        actual, predicted, labels=labels, average=None, zero_division=0.0
     )
-    return {
-        "accuracy": float(accuracy_score(actual, predicted)),
-        "precision": float(precision[0]),
-        "recall": float(recall[0]),
-        "f1": float(f1[0]),
-        "confusion_matrix": confusion_matrix(actual, predicted, labels=list(range(num_classes))).tolist(),
+    scores: dict[str, Any] = {"accuracy": float(accuracy_score(actual, predicted))}
+    if len(class_names) == 2:
+        scores.update(
+            precision=float(precision[positive]), recall=float(recall[positive]), f1=float(f1[positive])
+        )
+    macro = precision_recall_fscore_support(
+        actual, predicted, labels=labels, average="macro", zero_division=0.0
+    )
+    scores.update(macro_precision=float(macro[0]), macro_recall=float(macro[1]), macro_f1=float(macro[2]))
+    scores["classes"] = {
+        name: {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i])}
+        for i, name in enumerate(class_names)
     }
+    scores["confusion_matrix"] = confusion_matrix(actual, predicted, labels=labels).tolist()
+    return scores
 
 
-SCORES = ("accuracy", "precision", "recall", "f1")  # each split's scores in DVC's metrics
 Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]  # actual, predicted, class probabilities
 
 
 def score_splits(
     model: nn.Module,
-    datasets: dict[str, Dataset],
+    datasets: dict[str, SpamDataset],
     pooling: Pooling,
     batch_size: int,
     precision: Precision,
@@ -279,19 +289,26 @@ def score_splits(
         for split, dataset in datasets.items()
     }
     final = {
-        split: classification_metrics(actual, predicted)
+        split: classification_metrics(actual, predicted, class_names=datasets[split].class_names)
         for split, (actual, predicted, _) in predictions.items()
     }
     return predictions, final
 
 
 def metrics_and_counts(
-    initial: dict[str, float], final: dict[str, dict[str, Any]], result: TrainResult, trainable: int
+    initial: dict[str, float],
+    final: dict[str, dict[str, Any]],
+    result: TrainResult,
+    trainable: int,
+    class_names: Sequence[str] = CLASS_NAMES,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """DVC's metrics (scores, last losses) and the counts beside them (steps, confusion matrices)."""
     metrics: dict[str, Any] = {
         "initial": initial,
-        **{split: {name: scores[name] for name in SCORES} for split, scores in final.items()},
+        **{
+            split: {name: value for name, value in scores.items() if name != "confusion_matrix"}
+            for split, scores in final.items()
+        },
     }
     if result.history:
         metrics["final_train_loss"] = result.history[-1]["train_loss"]
@@ -300,15 +317,26 @@ def metrics_and_counts(
         "examples_seen": result.seen,
         "steps": result.steps,
         "trainable_params": trainable,
-        "confusion_matrix": {split: confusion_counts(scores) for split, scores in final.items()},
+        "confusion_matrix": {split: confusion_counts(scores, class_names) for split, scores in final.items()},
     }
     return metrics, counts
 
 
-def confusion_counts(scores: dict[str, Any]) -> dict[str, dict[str, int]]:
+def headline_scores(scores: dict[str, Any]) -> dict[str, float]:
+    """A split's scores as a checkpoint records them: the accuracy, and the positive class's scores
+    (two classes, the book's) or else the macro averages."""
+    names = (
+        ("precision", "recall", "f1") if "f1" in scores else ("macro_precision", "macro_recall", "macro_f1")
+    )
+    return {name: scores[name] for name in ("accuracy", *names)}
+
+
+def confusion_counts(
+    scores: dict[str, Any], class_names: Sequence[str] = CLASS_NAMES
+) -> dict[str, dict[str, int]]:
     """One split's confusion matrix keyed by label names (rows actual, columns predicted)."""
     return {
-        f"actual_{CLASS_NAMES[i]}": {f"predicted_{CLASS_NAMES[j]}": n for j, n in enumerate(row)}
+        f"actual_{class_names[i]}": {f"predicted_{class_names[j]}": n for j, n in enumerate(row)}
         for i, row in enumerate(scores["confusion_matrix"])
     }
 
