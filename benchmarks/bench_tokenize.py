@@ -36,7 +36,11 @@ def stage_params(tmp: Path, mirror: Path, books: int) -> Path:
     params["data"] |= {"raw_dir": str(mirror), "processed_dir": str(tmp / f"processed-{books}")}
     corpus = params["corpus"]
     corpus["name"] = "gutenberg"
-    corpus["gutenberg"] |= {"books_per_author": 2, "max_books": books}  # the book list: the mirror's
+    corpus["gutenberg"] |= {
+        "books": str(ROOT / corpus["gutenberg"]["books"]),
+        "books_per_author": 2,
+        "max_books": books,
+    }
     path = tmp / f"params-{books}.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     return path

@@ -53,7 +53,7 @@ def run(params: Params) -> None:
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
     corpus = params.corpus.gutenberg
-    books = corpus_books(corpus, params.data.raw_dir) if params.corpus.name == "gutenberg" else []
+    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
     books_dir = Path(params.data.raw_dir) / corpus.path
     require_books(books, books_dir)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])

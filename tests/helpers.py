@@ -165,31 +165,6 @@ def _fetch_once() -> Path:
     return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
 
 
-def gutenberg_book_list() -> Path:
-    """The tests' cache holding the Gutenberg book list at corpus.gutenberg.book_list.path (as data.raw_dir would).
-
-    The list has no public address: it comes from GPTLAB_MIRROR (or is already cached); without
-    it the test fails in one line saying so.
-    """
-    book_list = committed_params().corpus.gutenberg.book_list
-    try:
-        fetch(
-            cache_dir() / book_list.path,
-            url=book_list.url,
-            sha256=book_list.sha256,
-            mirror_file=USER_MIRROR / book_list.path if USER_MIRROR else None,
-            progress=False,
-        )
-    except (FetchError, OSError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        pytest.fail(
-            f"the Gutenberg book list is missing: {reason}. Set {MIRROR_ENV} to a folder holding it at "
-            f"{book_list.path}.",
-            pytrace=False,
-        )
-    return cache_dir()
-
-
 def gutenberg_inputs(books: list[Book]) -> Path:
     """These Gutenberg books in the tests' cache at corpus.gutenberg.path, laid out like a mirror.
 
@@ -290,12 +265,12 @@ def flip_tensor_bits(weights: Path, name: str) -> None:
 
 
 def copy_code(dest: Path) -> None:
-    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/) copied into `dest`."""
+    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", ".gitignore"):
         shutil.copy2(PROJECT_ROOT / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "stages"):
+    for name in ("src", "stages", "corpora"):
         shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=ignore)
 
 

@@ -102,7 +102,7 @@ def test_params_yaml_sets_every_config_field(raw: dict[str, Any]) -> None:
         f"data.sources.{name}.member"
         for name, source in raw["data"]["sources"].items()
         if "member" not in source
-    } | {"corpus.gutenberg.book_list.member"}  # the book list is no zip either
+    }
     assert SourceFile.__dataclass_fields__["member"].default is None
     assert set(missing) == optional_zip_member
 

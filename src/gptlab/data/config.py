@@ -14,11 +14,10 @@ class SourceFile:
     """One external input, pinned by URL and sha256.
 
     `path` is where it lands under data.raw_dir and where it lies in a mirror
-    folder; `member` names the file to take out of a zip download. A null `url`:
-    no public address, only a mirror folder or data.raw_dir holds the file.
+    folder; `member` names the file to take out of a zip download.
     """
 
-    url: str | None
+    url: str
     sha256: str
     path: str
     member: str | None = None
@@ -52,16 +51,15 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class GutenbergCorpus:
-    """Project Gutenberg books (the chapter 5 bonus), pinned one by one in a list.
+    """Project Gutenberg books (the chapter 5 bonus), pinned one by one in a committed list.
 
-    `book_list` is that list (a TSV of file, bytes, sha256, url), itself a pinned input that lands
-    under data.raw_dir; `path` is the books' folder under
+    `books` is that list (a TSV of file, bytes, sha256, url); `path` is the books' folder under
     data.raw_dir and in a mirror folder. The books taken are the list's, in its order, at most
     `books_per_author` per author, then the first `max_books`; every `val_every`-th of them is
     held out for validation (the last one when fewer are taken).
     """
 
-    book_list: SourceFile
+    books: str
     path: str
     books_per_author: int | None
     max_books: int | None

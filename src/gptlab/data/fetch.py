@@ -76,7 +76,7 @@ def safe_relative_path(name: str, what: str) -> PurePosixPath:
 def fetch(
     dest: Path,
     *,
-    url: str | None,
+    url: str,
     sha256: str,
     mirror_file: Path | None = None,
     member: str | None = None,
@@ -87,8 +87,7 @@ def fetch(
 
     `member` names the one file to extract when `url` serves a zip archive
     (mirrors hold the extracted file); `progress` shows the download's own bar (off where
-    a caller fetches many files under one). A file with no `url` comes only from `dest` or
-    the mirror. Raises FetchError when no source works.
+    a caller fetches many files under one). Raises FetchError when no source works.
     """
     dest = Path(dest)
     pin = _Pin(dest, url, sha256.lower(), size, mirror_file)
@@ -101,8 +100,6 @@ def fetch(
     local = pin.from_disk()
     if local is not None:
         return local
-    if url is None:
-        raise pin.error("it has no public address: only a mirror folder or the destination holds it")
     try:
         _download(pin, member, progress)
     except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, zlib.error) as exc:
@@ -126,7 +123,7 @@ class _Pin:
     """What a file must be, and how to tell the user when it is not."""
 
     dest: Path
-    url: str | None
+    url: str
     sha256: str
     size: int | None
     mirror_file: Path | None
@@ -195,7 +192,7 @@ class _Pin:
         at_dest = f"sha256 {sha256_file(self.dest)}" if self.dest.is_file() else "nothing"
         lines = [
             f"could not fetch {self.dest}: {reason}",
-            f"  url:             {self.url or 'none (not published)'}",
+            f"  url:             {self.url}",
             f"  mirror:          {mirror}",
             f"  at destination:  {at_dest}",
             f"  expected sha256: {self.sha256}{expected_size}",
