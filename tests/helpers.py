@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import http.server
 import json
 import os
 import shutil
@@ -16,8 +17,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -446,6 +449,47 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@dataclass
+class ServedUrls:
+    """What `serve_urls` gives a test: the GPTLAB_URL_REWRITE value and the paths the server was asked for."""
+
+    rewrite: str
+    requested: list[str]
+
+
+@contextmanager
+def serve_urls(files: Mapping[str, bytes], root: Path) -> Iterator[ServedUrls]:
+    """A local HTTP server answering for these https URLs, and the GPTLAB_URL_REWRITE rule sending them to it.
+
+    Each URL's bytes lie under `root` at host/path (its path decoded), so the pipeline's own fetch
+    downloads them over real HTTP from their pinned URLs: any input's test can use it.
+    """
+    for url, data in files.items():
+        parts = urllib.parse.urlsplit(url)
+        path = root / parts.netloc / urllib.parse.unquote(parts.path).lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    requested: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield ServedUrls(f"https://=http://127.0.0.1:{httpd.server_address[1]}/", requested)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def wait_for(

@@ -2,7 +2,8 @@
 
 Each file is resolved in this order: already at its destination with the right
 hash -> a mirror folder (GPTLAB_MIRROR: each file at its pinned path under it,
-as `gptlab mirror DIR` writes one) -> its URL.
+as `gptlab mirror DIR` writes one) -> its URL (GPTLAB_URL_REWRITE: sent to an HTTP
+mirror of the URLs instead, e.g. a company proxy or a test's local server).
 Bytes are hashed while they are copied into a temporary file beside the
 destination, and only a verified file is renamed into place, so a failure
 never leaves a partial or unverified file behind. `fetch_local` stops before the
@@ -31,6 +32,9 @@ from gptlab.errors import GptlabError, InputError
 from gptlab.files import naming_write_failures, remove_orphans, sha256_file, temp_prefix
 
 MIRROR_ENV = "GPTLAB_MIRROR"
+# "PREFIX=REPLACEMENT ...": a URL starting with PREFIX is fetched from REPLACEMENT + the rest, still
+# verified by its sha256 (e.g. https://=http://proxy.local/ serves https://host/path at /host/path).
+URL_REWRITE_ENV = "GPTLAB_URL_REWRITE"
 _CHUNK = 1 << 20
 # Seconds a stalled connection may stay silent before the download fails.
 _TIMEOUT_S = 60
@@ -56,6 +60,17 @@ def mirror_dir() -> Path | None:
     """The mirror folder named by GPTLAB_MIRROR, or None when unset."""
     value = os.environ.get(MIRROR_ENV)
     return Path(value).expanduser() if value else None
+
+
+def rewritten_url(url: str) -> str:
+    """`url` as GPTLAB_URL_REWRITE sends it: the first matching prefix replaced, else unchanged."""
+    for rule in os.environ.get(URL_REWRITE_ENV, "").split():
+        prefix, sep, replacement = rule.partition("=")
+        if not sep or not prefix:
+            raise InputError(f"{URL_REWRITE_ENV} rule {rule!r}: expected PREFIX=REPLACEMENT")
+        if url.startswith(prefix):
+            return replacement + url[len(prefix) :]
+    return url
 
 
 def safe_relative_path(name: str, what: str) -> PurePosixPath:
@@ -180,6 +195,14 @@ class _Pin:
                 raise self.error(f"{origin} does not match its pin ({written:,} bytes read)", actual=actual)
             os.replace(tmp, self.dest)
 
+    def _via(self) -> str:
+        """Where GPTLAB_URL_REWRITE sent the download, when it did."""
+        try:
+            sent = rewritten_url(self.url)
+        except InputError:
+            return f" ({URL_REWRITE_ENV} malformed)"
+        return "" if sent == self.url else f" (fetched from {sent}, per {URL_REWRITE_ENV})"
+
     def error(self, reason: str, actual: str | None = None) -> FetchError:
         if self.mirror_file is None:
             mirror = f"not used ({MIRROR_ENV} is not set)"
@@ -192,7 +215,7 @@ class _Pin:
         at_dest = f"sha256 {sha256_file(self.dest)}" if self.dest.is_file() else "nothing"
         lines = [
             f"could not fetch {self.dest}: {reason}",
-            f"  url:             {self.url}",
+            f"  url:             {self.url}{self._via()}",
             f"  mirror:          {mirror}",
             f"  at destination:  {at_dest}",
             f"  expected sha256: {self.sha256}{expected_size}",
@@ -239,7 +262,7 @@ def _copy(
 
 def _download(pin: _Pin, member: str | None, progress: bool) -> None:
     """Download `pin.url` with a progress bar; from a zip, extract only `member`."""
-    request = urllib.request.Request(pin.url, headers={"User-Agent": _USER_AGENT})
+    request = urllib.request.Request(rewritten_url(pin.url), headers={"User-Agent": _USER_AGENT})
     with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
         length = response.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None
