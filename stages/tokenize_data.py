@@ -5,7 +5,9 @@ data.processed_dir: verdict/{train,val}.npy, spam/{train,val,test}.{csv,npy},
 instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
 report); with corpus.name gutenberg, also the books as token shards,
-gutenberg/{train,val}-NNNNN.bin and books.json (corpus_shards.py).
+gutenberg/{train,val}-NNNNN.bin and books.json (gutenberg_corpus.py); with corpus.name
+files, the user's own texts the same way, files/{train,val}-NNNNN.bin and documents.json
+(files_corpus.py), every file checked before anything is written.
 Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
 and to the stage's MLflow run as `counts.*` params; the three raw datasets are
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.data import instruct, preference, spam, verdict
-from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
+from gptlab.data.files_corpus import DOCUMENTS_REPORT, scan_files, tokenize_files
+from gptlab.data.gutenberg_corpus import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
@@ -56,12 +59,13 @@ def run(params: Params) -> None:
     books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
     books_dir = Path(params.data.raw_dir) / corpus.path
     require_books(books, books_dir)
+    own = scan_files(params.corpus.files) if params.corpus.name == "files" else None
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
         "data.processed_dir": params.data.processed_dir,
         **flatten(cfg, "tokenize"),
-        **(flatten(params.corpus, "corpus") if books else {}),
+        **(flatten(params.corpus, "corpus") if books or own is not None else {}),
     }
     with stage_run(
         "tokenize", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
@@ -107,6 +111,11 @@ def run(params: Params) -> None:
             sizes = _split_sizes(metrics["gutenberg"])
             tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
             tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
+        if own is not None:
+            metrics["files"] = tokenize_files(own, processed_dir / "files", tokenizer)
+            files_dir = Path(params.corpus.files.path)
+            tracker.log_input("files", files_dir, context="source", profile=_split_sizes(metrics["files"]))
+            tracker.log_artifact(processed_dir / "files" / DOCUMENTS_REPORT, "tokenize/files")
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):

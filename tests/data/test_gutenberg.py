@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptlab.data.corpus_shards import pieces_of, tokenize_books
+from gptlab.data.corpus_shards import is_validation, pieces_of
+from gptlab.data.gutenberg_corpus import tokenize_books
 from gptlab.data.fetch import FetchError
 from gptlab.data.gutenberg import (
     Book,
     book_text,
     corpus_books,
-    is_validation,
     list_digest,
     read_book_list,
     select_books,

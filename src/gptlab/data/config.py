@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gptlab.schema import ConfigError, is_sha256, require
+from gptlab.schema import ConfigError, FieldError, is_sha256, require
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,47 @@ class GutenbergCorpus:
 
 
 @dataclass(frozen=True)
-class CorpusConfig:
-    """What pretrain trains on: The Verdict (chapter 5, the default) or the Gutenberg books."""
+class FilesCorpus:
+    """The user's own texts: every file under `path` (or those matching `glob` there).
 
-    name: Literal["verdict", "gutenberg"]
+    .txt and .md files are one document each; .jsonl, .jsonl.gz and .parquet files one per row,
+    its `text_field`. `path` lies inside the project, so DVC tracks it as tokenize's dependency.
+    Cleaning: line endings made LF (`normalize_newlines`), blank documents dropped (`drop_empty`),
+    and those shorter than `min_chars` characters; every `val_every`-th document is held out.
+    """
+
+    path: str
+    glob: str | None
+    text_field: str
+    encoding: str
+    normalize_newlines: bool
+    drop_empty: bool
+    min_chars: int
+    val_every: int
+    shard_tokens: int
+
+    def __post_init__(self) -> None:
+        require(bool(self.text_field), "text_field", "expected the name of the field holding each text")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise FieldError(
+                "encoding", f"unknown encoding {self.encoding!r} (e.g. utf-8, latin-1, cp1252)"
+            ) from None
+        require(self.min_chars >= 0, "min_chars", f"expected 0 or a positive integer, got {self.min_chars}")
+        require(self.val_every >= 2, "val_every", f"expected an integer of at least 2, got {self.val_every}")
+        require(
+            self.shard_tokens > 0, "shard_tokens", f"expected a positive integer, got {self.shard_tokens}"
+        )
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """What pretrain trains on: The Verdict (chapter 5, the default), the Gutenberg books or the user's files."""
+
+    name: Literal["verdict", "gutenberg", "files"]
     gutenberg: GutenbergCorpus
+    files: FilesCorpus
 
 
 @dataclass(frozen=True)

@@ -96,13 +96,6 @@ def corpus_books(cfg: GutenbergCorpus) -> list[Book]:
     return books
 
 
-def is_validation(index: int, count: int, val_every: int) -> bool:
-    """Whole books held out: every `val_every`-th of the `count` taken, or the last when fewer."""
-    if count < val_every:
-        return index == count - 1
-    return (index + 1) % val_every == 0
-
-
 def list_digest(books: Iterable[Book]) -> str:
     """sha256 of the books taken (their rows, in order): names the corpus's exact content."""
     digest = hashlib.sha256()
