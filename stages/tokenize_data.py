@@ -28,15 +28,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tiktoken import Encoding
+
 from gptlab.data import instruct, preference, spam, verdict
-from gptlab.data.files_corpus import DOCUMENTS_REPORT, scan_files, tokenize_files
+from gptlab.data.files_corpus import DOCUMENTS_REPORT, FilesScan, scan_files, tokenize_files
+from gptlab.data.gutenberg import Book, corpus_books
 from gptlab.data.gutenberg_corpus import BOOKS_REPORT, require_books, tokenize_books
-from gptlab.data.gutenberg import corpus_books
 from gptlab.files import write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
+from gptlab.tracking.buffered_run import StageRun
 from gptlab.tracking.runs import stage_run
 
 REPORT = REPORTS / "tokenize" / "counts.json"
@@ -55,11 +58,7 @@ def run(params: Params) -> None:
         raise FileNotFoundError(
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
-    corpus = params.corpus.gutenberg
-    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
-    books_dir = Path(params.data.raw_dir) / corpus.path
-    require_books(books, books_dir)
-    own = scan_files(params.corpus.files) if params.corpus.name == "files" else None
+    books, own = _check_corpus(params)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
     logged = {
         "data.raw_dir": params.data.raw_dir,
@@ -99,23 +98,7 @@ def run(params: Params) -> None:
             test_frac=cfg.preference.test_frac,
             max_records=cfg.preference.max_records,
         )
-        if books:
-            metrics["gutenberg"] = tokenize_books(
-                books,
-                books_dir,
-                processed_dir / "gutenberg",
-                tokenizer,
-                val_every=corpus.val_every,
-                shard_tokens=corpus.shard_tokens,
-            )
-            sizes = _split_sizes(metrics["gutenberg"])
-            tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
-            tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
-        if own is not None:
-            metrics["files"] = tokenize_files(own, processed_dir / "files", tokenizer)
-            files_dir = Path(params.corpus.files.path)
-            tracker.log_input("files", files_dir, context="source", profile=_split_sizes(metrics["files"]))
-            tracker.log_artifact(processed_dir / "files" / DOCUMENTS_REPORT, "tokenize/files")
+        metrics |= _tokenize_corpus(params, books, own, tokenizer, tracker)
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):
@@ -127,6 +110,40 @@ def run(params: Params) -> None:
             prompt = instruct.format_prompt(example[0]) + example[0]["output"]
             tracker.log_text(prompt, "tokenize/instruct_example.txt")
     print(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _check_corpus(params: Params) -> tuple[list[Book], FilesScan | None]:
+    """The Gutenberg books present, or the user's files all read and checked: before any output."""
+    books = corpus_books(params.corpus.gutenberg) if params.corpus.name == "gutenberg" else []
+    require_books(books, Path(params.data.raw_dir) / params.corpus.gutenberg.path)
+    return books, scan_files(params.corpus.files) if params.corpus.name == "files" else None
+
+
+def _tokenize_corpus(
+    params: Params, books: list[Book], own: FilesScan | None, tokenizer: Encoding, tracker: StageRun
+) -> dict[str, Any]:
+    """The corpus's token shards and record, as its counts.json entry; the run logs its input."""
+    processed_dir = Path(params.data.processed_dir)
+    if books:
+        corpus = params.corpus.gutenberg
+        source, record = Path(params.data.raw_dir) / corpus.path, BOOKS_REPORT
+        counts = tokenize_books(
+            books,
+            source,
+            processed_dir / "gutenberg",
+            tokenizer,
+            val_every=corpus.val_every,
+            shard_tokens=corpus.shard_tokens,
+        )
+    elif own is not None:
+        source, record = Path(params.corpus.files.path), DOCUMENTS_REPORT
+        counts = tokenize_files(own, processed_dir / "files", tokenizer)
+    else:
+        return {}
+    name = params.corpus.name
+    tracker.log_input(name, source, context="source", profile=_split_sizes(counts))
+    tracker.log_artifact(processed_dir / name / record, f"tokenize/{name}")
+    return {name: counts}
 
 
 def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:

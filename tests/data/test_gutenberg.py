@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from gptlab.data.corpus_shards import is_validation, pieces_of
-from gptlab.data.gutenberg_corpus import tokenize_books
 from gptlab.data.fetch import FetchError
 from gptlab.data.gutenberg import (
     Book,
@@ -22,6 +21,7 @@ from gptlab.data.gutenberg import (
     read_book_list,
     select_books,
 )
+from gptlab.data.gutenberg_corpus import tokenize_books
 from gptlab.data.gutenberg_fetch import fetch_books
 from gptlab.data.token_shards import read_shard, shard_paths
 from gptlab.errors import InputError

@@ -316,7 +316,7 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ),
         ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
         ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
-        ("corpus.name", "wikipedia", "corpus.name: expected one of ['verdict', 'gutenberg']"),
+        ("corpus.name", "wikipedia", "corpus.name: expected one of ['verdict', 'gutenberg', 'files']"),
         ("corpus.gutenberg.max_books", 1, "corpus.gutenberg.max_books: expected an integer of at least 2"),
         ("corpus.gutenberg.books_per_author", 0, "corpus.gutenberg.books_per_author: expected a positive"),
         ("corpus.gutenberg.val_every", 1, "corpus.gutenberg.val_every: expected an integer of at least 2"),

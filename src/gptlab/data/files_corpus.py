@@ -258,7 +258,8 @@ def _text_field(row: Any, field_name: str, where: str) -> str:
 
 def _parquet_rows(path: Path, field_name: str) -> Iterator[str]:
     """The text column of a Parquet file, a batch of rows at a time (nulls as empty documents)."""
-    import pyarrow as pa  # only a corpus with Parquet files pays for pyarrow's import
+    # only a corpus with Parquet files pays for pyarrow's import
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
