@@ -230,9 +230,9 @@ def _jsonl_rows(path: Path, cfg: FilesCorpus, digest: Any) -> Iterator[str]:
                 if not text.strip():
                     continue  # a blank line is no row
                 try:
-                    row = json.loads(text)
+                    row = json.loads(text.rstrip("\r\n"))
                 except json.JSONDecodeError as exc:
-                    raise InputError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+                    raise InputError(f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
                 yield _text_field(row, cfg.text_field, where)
     except (gzip.BadGzipFile, EOFError) as exc:
         raise InputError(f"{path}: not a readable gzip file ({exc})") from None
