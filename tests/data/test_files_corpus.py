@@ -174,7 +174,7 @@ BAD_INPUTS = {
     "row not JSON": (
         {"texts/a.jsonl": '{"text": "fine"}\n{"text": "unterminated}\n'},
         {},
-        r"^texts/a\.jsonl, line 2: not JSON \(Unterminated string starting at, column 9\)$",
+        r"^texts/a\.jsonl, line 2: not JSON \(Unterminated string starting at, column 10\)$",
     ),
     "row not an object": (
         {"texts/a.jsonl": '["a", "list"]\n'},
