@@ -9,6 +9,7 @@ to tokenize (`tokenize_files`). Memory is one document and one file's summary pe
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
@@ -192,7 +193,9 @@ def _raw_documents(path: Path, cfg: FilesCorpus, digest: Any) -> Iterator[str]:
         digest.update(data)
         yield _decode(data, cfg.encoding, str(path))
     elif suffix == ".parquet":
-        digest.update(path.read_bytes())
+        with path.open("rb") as fh:  # hashed a chunk at a time: a Parquet file may be large
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
         yield from _parquet_rows(path, cfg.text_field)
     else:
         yield from _jsonl_rows(path, cfg, digest)
@@ -201,7 +204,7 @@ def _raw_documents(path: Path, cfg: FilesCorpus, digest: Any) -> Iterator[str]:
 def _decode(data: bytes, encoding: str, where: str) -> str:
     """`data` as text; a NUL byte (a binary file) or bytes not in `encoding` are one line naming the place."""
     nul = data.find(b"\x00")
-    if nul != -1 and not encoding.lower().replace("-", "").startswith("utf16"):
+    if nul != -1 and not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):  # theirs hold NULs
         line = data.count(b"\n", 0, nul) + 1
         raise InputError(
             f"{where}: a binary file, not text (a NUL byte at line {line}): remove it from "
