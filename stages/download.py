@@ -3,7 +3,7 @@
 Each file comes from data.raw_dir if already there with the right hash, else
 from the mirror folder named by GPTLAB_MIRROR, else from its URL.
 Offline: set GPTLAB_MIRROR to a folder of the pinned files (`gptlab mirror DIR` writes one).
-With corpus.name gutenberg, the book list and the books the corpus takes too, several at once; a rerun
+With corpus.name gutenberg, the books the corpus takes too, several at once; a rerun
 after an interruption fetches only the books still missing.
 """
 
@@ -35,13 +35,8 @@ def run(params: Params) -> None:
     # Refuse a bad path in params before anything is fetched.
     paths = {name: safe_relative_path(src.path, f"data.sources.{name}.path") for name, src in sources.items()}
     corpus = params.corpus.gutenberg
-    gutenberg = params.corpus.name == "gutenberg"
-    if gutenberg:  # the book list, one more pinned input: the books' own pins are in it
-        sources["gutenberg_book_list"] = corpus.book_list
-        paths["gutenberg_book_list"] = safe_relative_path(
-            corpus.book_list.path, "corpus.gutenberg.book_list.path"
-        )
-    logged = flatten(params.data, "data") | (flatten(params.corpus, "corpus") if gutenberg else {})
+    books = corpus_books(corpus) if params.corpus.name == "gutenberg" else []
+    logged = flatten(params.data, "data") | (flatten(params.corpus, "corpus") if books else {})
     with stage_run(
         "download", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
     ) as tracker:
@@ -64,8 +59,7 @@ def run(params: Params) -> None:
             tracker.log_input(name, got.path, context="source", profile={"bytes": got.size, "url": src.url})
         tracker.log_params({f"bytes.{name}": entry["bytes"] for name, entry in manifest.items()})
         tracker.set_tags({f"origin.{name}": entry["origin"] for name, entry in manifest.items()})
-        if gutenberg:
-            books = corpus_books(corpus, raw_dir)
+        if books:
             origins = fetch_books(books, raw_dir, corpus.path, mirror)
             print(f"gutenberg: {len(books)} books in {raw_dir / corpus.path} ({origins})")
             profile = {"books": len(books), "bytes": sum(book.bytes for book in books)}

@@ -7,10 +7,12 @@ labels.json, your file's class names),
 instruct/{train,val,test}.json and preference/{train,val,test}.json (the DPO
 notebook's pairs, split as chapter 7; their sizes are the preference stage's to
 report); with corpus.name gutenberg, also the books as token shards,
-gutenberg/{train,val}-NNNNN.bin and books.json (corpus_shards.py).
-The instructions and pairs may be files of the user's own (tokenize.instruct.path,
-tokenize.preference.path): read and checked before anything is written, the
-degenerate pairs dropped and named (their counts then under `preference`).
+gutenberg/{train,val}-NNNNN.bin and books.json (gutenberg_corpus.py); with corpus.name
+files, the user's own texts the same way, files/{train,val}-NNNNN.bin and documents.json
+(files_corpus.py), every file checked before anything is written.
+The labelled texts, instructions and pairs may be files of the user's own
+(tokenize.spam.file, tokenize.instruct.path, tokenize.preference.path): read and
+checked before anything is written, the degenerate pairs dropped and named.
 Counts, lengths and class balance go to
 reports/tokenize/counts.json (a plain report: counts are no metrics to compare)
 and to the stage's MLflow run as `counts.*` params; the raw datasets are
@@ -33,15 +35,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tiktoken import Encoding
+
 from gptlab.data import instruct, preference, spam, verdict
 from gptlab.data.config import SpamSplit
-from gptlab.data.corpus_shards import BOOKS_REPORT, require_books, tokenize_books
-from gptlab.data.gutenberg import corpus_books
+from gptlab.data.files_corpus import DOCUMENTS_REPORT, FilesScan, scan_files, tokenize_files
+from gptlab.data.gutenberg import Book, corpus_books
+from gptlab.data.gutenberg_corpus import BOOKS_REPORT, require_books, tokenize_books
 from gptlab.files import project_folder, write_json
 from gptlab.model.tokenizer import gpt2_tokenizer
 from gptlab.paths import REPORTS
 from gptlab.pipeline.params import Params
 from gptlab.schema import flatten
+from gptlab.tracking.buffered_run import StageRun
 from gptlab.tracking.runs import stage_run
 
 if TYPE_CHECKING:
@@ -64,10 +70,7 @@ def run(params: Params) -> None:
             f"missing input {', '.join(missing)}: run `dvc repro download` (or set GPTLAB_MIRROR)"
         )
     own = _own_files(params)
-    corpus = params.corpus.gutenberg
-    books = corpus_books(corpus, params.data.raw_dir) if params.corpus.name == "gutenberg" else []
-    books_dir = Path(params.data.raw_dir) / corpus.path
-    require_books(books, books_dir)
+    books, texts = _check_corpus(params)
     # The labelled texts read and checked before any work too: a bad row stops the stage here.
     labelled = _labelled_texts(cfg.spam)
     tokenizer = gpt2_tokenizer(inputs["gpt2_vocab_bpe"], inputs["gpt2_encoder_json"])
@@ -81,7 +84,7 @@ def run(params: Params) -> None:
         "data.raw_dir": params.data.raw_dir,
         "data.processed_dir": params.data.processed_dir,
         **flatten(cfg, "tokenize"),
-        **(flatten(params.corpus, "corpus") if books else {}),
+        **(flatten(params.corpus, "corpus") if books or texts is not None else {}),
     }
     with stage_run(
         "tokenize", params.tracking.experiment, logged, system_metrics=params.tracking.system_metrics
@@ -94,18 +97,7 @@ def run(params: Params) -> None:
             "instruct": instruct.write_splits(instructions, processed_dir, tokenizer),
         }
         metrics.update(_write_pairs(pairs, pairs_path, processed_dir, own="preference" in own))
-        if books:
-            metrics["gutenberg"] = tokenize_books(
-                books,
-                books_dir,
-                processed_dir / "gutenberg",
-                tokenizer,
-                val_every=corpus.val_every,
-                shard_tokens=corpus.shard_tokens,
-            )
-            sizes = _split_sizes(metrics["gutenberg"])
-            tracker.log_input("gutenberg", books_dir, context="source", profile=sizes)
-            tracker.log_artifact(processed_dir / "gutenberg" / BOOKS_REPORT, "tokenize/gutenberg")
+        metrics |= _tokenize_corpus(params, books, texts, tokenizer, tracker)
         write_json(REPORT, metrics)
         tracker.log_params(flatten(metrics, "counts"))
         for name in ("verdict", "spam", "instruct"):
@@ -169,6 +161,43 @@ def _labelled_texts(split: SpamSplit) -> tuple[pd.DataFrame, spam.SpamSplits]:
         own=own,
     )
     return labelled
+
+
+def _check_corpus(params: Params) -> tuple[list[Book], FilesScan | None]:
+    """The Gutenberg books present, or the user's files all read and checked: before any output."""
+    books = corpus_books(params.corpus.gutenberg) if params.corpus.name == "gutenberg" else []
+    require_books(books, Path(params.data.raw_dir) / params.corpus.gutenberg.path)
+    return books, scan_files(params.corpus.files) if params.corpus.name == "files" else None
+
+
+def _tokenize_corpus(
+    params: Params, books: list[Book], texts: FilesScan | None, tokenizer: Encoding, tracker: StageRun
+) -> dict[str, Any]:
+    """The corpus's token shards and record, as its counts.json entry; the run logs its input."""
+    processed_dir = Path(params.data.processed_dir)
+    if books:
+        corpus = params.corpus.gutenberg
+        source, record = Path(params.data.raw_dir) / corpus.path, BOOKS_REPORT
+        counts = tokenize_books(
+            books,
+            source,
+            processed_dir / "gutenberg",
+            tokenizer,
+            val_every=corpus.val_every,
+            shard_tokens=corpus.shard_tokens,
+        )
+    elif texts is not None:
+        source, record = Path(params.corpus.files.path), DOCUMENTS_REPORT
+        counts = tokenize_files(texts, processed_dir / "files", tokenizer)
+    else:
+        return {}
+    name = params.corpus.name
+    if texts is not None:  # the user's own: the pipeline run names it too
+        tracker.log_own_data(name, source, profile=_split_sizes(counts))
+    else:
+        tracker.log_input(name, source, context="source", profile=_split_sizes(counts))
+    tracker.log_artifact(processed_dir / name / record, f"tokenize/{name}")
+    return {name: counts}
 
 
 def _split_sizes(counts: dict[str, Any]) -> dict[str, Any]:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from helpers import (
+    PROJECT_ROOT,
     TINY_GPT,
     MlflowServer,
     cache_dir,
     committed_params,
-    gutenberg_book_list,
     gutenberg_inputs,
     inputs_dir,
 )
@@ -77,7 +77,7 @@ def gutenberg_books() -> list:
 
     books = [
         b
-        for b in read_book_list(gutenberg_book_list() / committed_params().corpus.gutenberg.book_list.path)
+        for b in read_book_list(PROJECT_ROOT / committed_params().corpus.gutenberg.books)
         if b.file in TEST_BOOKS
     ]
     gutenberg_inputs(books)

@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import http.server
 import json
 import os
 import shutil
@@ -16,8 +17,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -165,31 +168,6 @@ def _fetch_once() -> Path:
     return fetch_test_inputs(committed_params().data.sources, cache_dir(), USER_MIRROR)
 
 
-def gutenberg_book_list() -> Path:
-    """The tests' cache holding the Gutenberg book list at corpus.gutenberg.book_list.path (as data.raw_dir would).
-
-    The list has no public address: it comes from GPTLAB_MIRROR (or is already cached); without
-    it the test fails in one line saying so.
-    """
-    book_list = committed_params().corpus.gutenberg.book_list
-    try:
-        fetch(
-            cache_dir() / book_list.path,
-            url=book_list.url,
-            sha256=book_list.sha256,
-            mirror_file=USER_MIRROR / book_list.path if USER_MIRROR else None,
-            progress=False,
-        )
-    except (FetchError, OSError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        pytest.fail(
-            f"the Gutenberg book list is missing: {reason}. Set {MIRROR_ENV} to a folder holding it at "
-            f"{book_list.path}.",
-            pytrace=False,
-        )
-    return cache_dir()
-
-
 def gutenberg_inputs(books: list[Book]) -> Path:
     """These Gutenberg books in the tests' cache at corpus.gutenberg.path, laid out like a mirror.
 
@@ -290,12 +268,12 @@ def flip_tensor_bits(weights: Path, name: str) -> None:
 
 
 def copy_code(dest: Path) -> None:
-    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/) copied into `dest`."""
+    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", ".gitignore"):
         shutil.copy2(PROJECT_ROOT / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "stages"):
+    for name in ("src", "stages", "corpora"):
         shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=ignore)
 
 
@@ -471,6 +449,47 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@dataclass
+class ServedUrls:
+    """What `serve_urls` gives a test: the GPTLAB_URL_REWRITE value and the paths the server was asked for."""
+
+    rewrite: str
+    requested: list[str]
+
+
+@contextmanager
+def serve_urls(files: Mapping[str, bytes], root: Path) -> Iterator[ServedUrls]:
+    """A local HTTP server answering for these https URLs, and the GPTLAB_URL_REWRITE rule sending them to it.
+
+    Each URL's bytes lie under `root` at host/path (its path decoded), so the pipeline's own fetch
+    downloads them over real HTTP from their pinned URLs: any input's test can use it.
+    """
+    for url, data in files.items():
+        parts = urllib.parse.urlsplit(url)
+        path = root / parts.netloc / urllib.parse.unquote(parts.path).lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    requested: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield ServedUrls(f"https://=http://127.0.0.1:{httpd.server_address[1]}/", requested)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def wait_for(

@@ -73,7 +73,7 @@ def test_the_link_check_sees_a_broken_link(tmp_path: Path) -> None:
 
 def test_the_front_page_and_the_benchmarks_stay_short() -> None:
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 250
-    assert len(BENCHMARKS.read_text(encoding="utf-8").splitlines()) <= 330
+    assert len(BENCHMARKS.read_text(encoding="utf-8").splitlines()) <= 340  # + the files corpus's figures
 
 
 def test_the_front_page_links_every_chapter() -> None:

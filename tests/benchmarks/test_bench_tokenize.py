@@ -19,7 +19,9 @@ def test_bench_tokenize_runs_the_stage_and_reads_its_counts(
     shared_data: Path, gutenberg_books: list[Book]
 ) -> None:
     # The first three mirrored books are test books (two by Alcott, one by Alger); one stage run.
-    command = ["benchmarks/bench_tokenize.py", "--books", "3", "--rounds", "1", "--no-warmup"]
+    # And the files corpus: those books' text cut into 3 files (the first 2 of them too).
+    command = ["benchmarks/bench_tokenize.py", "--books", "3", "--files", "2", "3"]
+    command += ["--rounds", "1", "--no-warmup"]
     result = subprocess.run(
         [sys.executable, *command, "--mirror", str(cache_dir())],
         cwd=PROJECT_ROOT,
@@ -35,6 +37,13 @@ def test_bench_tokenize_runs_the_stage_and_reads_its_counts(
     assert books == "3" and int(tokens.replace(",", "")) == sum(_book_tokens(gutenberg_books[:3]))
     assert float(seconds) > 0 and float(peak_mb) > 0
     assert lines[header + 2] == "peak at 3 books / peak at 3: 1.000"
+    assert lines[header + 3].split()[:2] == ["files", "tokens"]
+    one, two = (lines[header + row].split() for row in (4, 5))
+    assert (one[0], two[0]) == ("2", "3") and int(one[1].replace(",", "")) < int(two[1].replace(",", ""))
+    # The same text as the books, no header: their tokens, give or take the cut and each file's end.
+    assert abs(int(two[1].replace(",", "")) - int(tokens.replace(",", ""))) <= 8
+    assert lines[header + 6].startswith("peak at 2 files / peak at 3: ")
+    assert lines[header + 7].startswith("tokens/s at 3 files / at 3 books: ")
 
 
 def _book_tokens(books: list[Book]) -> list[int]:

@@ -11,22 +11,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptlab.data.corpus_shards import pieces_of, tokenize_books
+from gptlab.data.corpus_shards import is_validation, pieces_of
 from gptlab.data.fetch import FetchError
 from gptlab.data.gutenberg import (
     Book,
     book_text,
     corpus_books,
-    is_validation,
     list_digest,
     read_book_list,
     select_books,
 )
+from gptlab.data.gutenberg_corpus import tokenize_books
 from gptlab.data.gutenberg_fetch import fetch_books
 from gptlab.data.token_shards import read_shard, shard_paths
 from gptlab.errors import InputError
 
-from helpers import cache_dir, committed_params, gutenberg_book_list
+from helpers import PROJECT_ROOT, cache_dir, committed_params
 
 CORPUS = committed_params().corpus.gutenberg
 
@@ -35,8 +35,8 @@ def _books(*names: str) -> list[Book]:
     return [Book(name, 1, "0" * 64, f"https://example.org/{name}") for name in names]
 
 
-def test_the_pinned_list_holds_1775_books_and_two_per_author_are_the_171_mirrored() -> None:
-    books = read_book_list(gutenberg_book_list() / CORPUS.book_list.path)
+def test_the_committed_list_pins_1775_books_and_two_per_author_are_the_171_mirrored() -> None:
+    books = read_book_list(PROJECT_ROOT / CORPUS.books)
     assert len(books) == 1775
     assert len({book.file for book in books}) == 1775
     assert 811e6 < sum(book.bytes for book in books) < 812e6  # 811.8 MB
@@ -199,10 +199,9 @@ def test_fetch_resumes_from_its_downloads_and_names_a_damaged_book(
 
 
 def test_a_corpus_of_fewer_than_two_books_is_refused_naming_the_list(tmp_path: Path) -> None:
-    path = tmp_path / CORPUS.book_list.path
-    path.parent.mkdir(parents=True)
+    path = tmp_path / "one.tsv"
     path.write_text(f"file\tbytes\tsha256\turl\na--1.txt\t1\t{'0' * 64}\thttps://x\n", encoding="utf-8")
     with pytest.raises(InputError, match=f"corpus.gutenberg: 1 book.s. taken from {path}; at least 2"):
-        corpus_books(CORPUS, tmp_path)
+        corpus_books(dataclasses.replace(CORPUS, books=str(path)))
     with pytest.raises(InputError, match="corpus.gutenberg.path '../books'"):
-        corpus_books(dataclasses.replace(CORPUS, path="../books"), tmp_path)
+        corpus_books(dataclasses.replace(CORPUS, books=str(path), path="../books"))

@@ -25,7 +25,7 @@ def test_download_then_tokenize_the_first_books(
     raw = committed_params_raw()
     corpus = raw["corpus"]
     corpus["name"] = "gutenberg"
-    corpus["gutenberg"]["books_per_author"] = 2
+    corpus["gutenberg"] |= {"books": str(PROJECT_ROOT / corpus["gutenberg"]["books"]), "books_per_author": 2}
     corpus["gutenberg"]["max_books"] = 3  # of the test books: two by Alcott, one by Alger
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     monkeypatch.chdir(tmp_path)

@@ -82,19 +82,19 @@ def book_server() -> Iterator[tuple[str, _Books]]:
 
 
 def _project(tmp_path: Path, base_url: str, books: _Books) -> Path:
-    """A project whose corpus is the served books, their list already in data/raw."""
+    """A project whose corpus is the served books, listed in its own book list."""
     rows = ["\t".join(COLUMNS)]
     for path, body in books.files.items():
         name = f"stop-test-author-{path[1:]}--a-book.txt"
         rows.append(f"{name}\t{len(body)}\t{hashlib.sha256(body).hexdigest()}\t{base_url}{path}")
     listing = ("\n".join(rows) + "\n").encode()
     project = tmp_path / "project"
-    (project / "data" / "raw" / LIST_PATH).parent.mkdir(parents=True)
-    (project / "data" / "raw" / LIST_PATH).write_bytes(listing)
+    (project / LIST_PATH).parent.mkdir(parents=True)
+    (project / LIST_PATH).write_bytes(listing)
     params = committed_params_raw()
     gutenberg = params["corpus"]["gutenberg"]
     params["corpus"]["name"] = "gutenberg"
-    gutenberg["book_list"] = {"url": None, "sha256": hashlib.sha256(listing).hexdigest(), "path": LIST_PATH}
+    gutenberg["books"] = LIST_PATH
     gutenberg.update(path=BOOKS_PATH, books_per_author=None, max_books=None)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     return project

@@ -26,6 +26,7 @@ from gptlab.data.inputs import data_inputs
 
 from helpers import (
     CACHE_ENV,
+    PROJECT_ROOT,
     cache_dir,
     closed_url,
     committed_params,
@@ -234,7 +235,8 @@ def test_mirror_command_with_a_gutenberg_profile_writes_its_books_too(
     shared_data: Path, gutenberg_books: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GPTLAB_MIRROR", str(shared_data))
-    corpus = {"name": "gutenberg", "gutenberg": {"books_per_author": 2, "max_books": 3}}
+    books = str(PROJECT_ROOT / committed_params().corpus.gutenberg.books)
+    corpus = {"name": "gutenberg", "gutenberg": {"books": books, "books_per_author": 2, "max_books": 3}}
     profile = tmp_path / "three-books.yaml"
     profile.write_text(yaml.safe_dump({"corpus": corpus}), encoding="utf-8")
     out = tmp_path / "offline"

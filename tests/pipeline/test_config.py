@@ -126,7 +126,7 @@ def test_params_yaml_sets_every_config_field(raw: dict[str, Any]) -> None:
         f"data.sources.{name}.member"
         for name, source in raw["data"]["sources"].items()
         if "member" not in source
-    } | {"corpus.gutenberg.book_list.member"}  # the book list is no zip either
+    }
     assert SourceFile.__dataclass_fields__["member"].default is None
     assert set(missing) == optional_zip_member
 
@@ -346,7 +346,7 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
         ),
         ("tokenize.verdict.train_ratio", 1.0, "tokenize.verdict.train_ratio: expected a value in (0, 1)"),
         ("gpt2.batch_size", 0, "gpt2.batch_size: expected a positive integer"),
-        ("corpus.name", "wikipedia", "corpus.name: expected one of ['verdict', 'gutenberg']"),
+        ("corpus.name", "wikipedia", "corpus.name: expected one of ['verdict', 'gutenberg', 'files']"),
         ("corpus.gutenberg.max_books", 1, "corpus.gutenberg.max_books: expected an integer of at least 2"),
         ("corpus.gutenberg.books_per_author", 0, "corpus.gutenberg.books_per_author: expected a positive"),
         ("corpus.gutenberg.val_every", 1, "corpus.gutenberg.val_every: expected an integer of at least 2"),

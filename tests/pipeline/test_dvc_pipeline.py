@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,15 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import (
-    PROJECT_ROOT,
-    copy_project,
-    dvc,
-    dvc_exp_show,
-    git,
-    gutenberg_book_list,
-    gutenberg_inputs,
-)
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, gutenberg_inputs
 
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
@@ -175,7 +168,7 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     profile = PROJECT_ROOT / "profiles" / "gutenberg-smoke.yaml"
     params = profile_params(profile, PROJECT_ROOT / "params.yaml")
     gutenberg = params.corpus.gutenberg
-    gutenberg_inputs(corpus_books(gutenberg, gutenberg_book_list()))
+    gutenberg_inputs(corpus_books(dataclasses.replace(gutenberg, books=str(PROJECT_ROOT / gutenberg.books))))
     project = tmp_path / "project"
     copy_project(project)
     git(project, "init", "-q")

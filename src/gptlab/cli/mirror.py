@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         params = load_params(args.params)
     else:
         params = profile_params(profile_path(args.profile), args.params)
-    pins = data_inputs(params.data.sources) + _book_list_input(params.corpus)
+    pins = data_inputs(params.data.sources) + _book_inputs(params.corpus)
     weights = [] if args.no_weights else weights_inputs(params.gpt2.weights)
     source = mirror_dir()
     if source is not None and source.resolve() == args.dir.resolve():
@@ -57,39 +57,22 @@ def run(args: argparse.Namespace) -> int:
             None  # DIR is the mirror being refreshed: its own files are checked, not copied onto themselves
         )
     total = 0
-    written = 0
-    # The books' pins are read from the book list, so the list is written (and verified) before them.
-    for batch in (pins, lambda: _book_inputs(params.corpus, args.dir), weights):
-        for pin in batch() if callable(batch) else batch:
-            try:
-                got = fetch_input(pin, args.dir, source)
-            except FetchError as exc:
-                if pin in weights:
-                    raise FetchError(f"{exc}\n--no-weights writes the data files only.") from exc
-                raise
-            total += got.size
-            written += 1
-            print(f"{pin.key}: {got.path} ({got.size:,} bytes, {got.origin})")
-    print(f"{written} files verified in {args.dir} ({total:,} bytes).")
+    for pin in pins + weights:
+        try:
+            got = fetch_input(pin, args.dir, source)
+        except FetchError as exc:
+            if pin in weights:
+                raise FetchError(f"{exc}\n--no-weights writes the data files only.") from exc
+            raise
+        total += got.size
+        print(f"{pin.key}: {got.path} ({got.size:,} bytes, {got.origin})")
+    print(f"{len(pins) + len(weights)} files verified in {args.dir} ({total:,} bytes).")
     print(f"On a machine without internet: export {MIRROR_ENV}={args.dir.resolve()}")
     return 0
 
 
-def _book_list_input(corpus: CorpusConfig) -> list[PinnedInput]:
-    """The Gutenberg book list, for a corpus that takes its books; none for The Verdict."""
-    # once the command runs, as in `run`: keeps `gptlab --help` fast
-    from gptlab.data.fetch import safe_relative_path
-    from gptlab.data.inputs import PinnedInput
-
-    if corpus.name != "gutenberg":
-        return []
-    book_list = corpus.gutenberg.book_list
-    path = safe_relative_path(book_list.path, "corpus.gutenberg.book_list.path")
-    return [PinnedInput("corpus.gutenberg.book_list", path, book_list.url, book_list.sha256)]
-
-
-def _book_inputs(corpus: CorpusConfig, folder_with_list: Path) -> list[PinnedInput]:
-    """Every book the corpus takes, at corpus.gutenberg.path/<file>, as the list in that folder pins them."""
+def _book_inputs(corpus: CorpusConfig) -> list[PinnedInput]:
+    """Every book the corpus takes, at corpus.gutenberg.path/<file>; none for The Verdict."""
     # once the command runs, as in `run`: keeps `gptlab --help` fast
     from gptlab.data.fetch import safe_relative_path
     from gptlab.data.gutenberg import corpus_books
@@ -102,5 +85,5 @@ def _book_inputs(corpus: CorpusConfig, folder_with_list: Path) -> list[PinnedInp
         PinnedInput(
             f"corpus.gutenberg {book.file}", folder / book.file, book.url, book.sha256, size=book.bytes
         )
-        for book in corpus_books(corpus.gutenberg, folder_with_list)
+        for book in corpus_books(corpus.gutenberg)
     ]

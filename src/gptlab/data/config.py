@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-from gptlab.schema import ConfigError, is_sha256, require
+from gptlab.schema import ConfigError, FieldError, is_sha256, require
 
 
 @dataclass(frozen=True)
@@ -14,11 +15,10 @@ class SourceFile:
     """One external input, pinned by URL and sha256.
 
     `path` is where it lands under data.raw_dir and where it lies in a mirror
-    folder; `member` names the file to take out of a zip download. A null `url`:
-    no public address, only a mirror folder or data.raw_dir holds the file.
+    folder; `member` names the file to take out of a zip download.
     """
 
-    url: str | None
+    url: str
     sha256: str
     path: str
     member: str | None = None
@@ -52,16 +52,15 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class GutenbergCorpus:
-    """Project Gutenberg books (the chapter 5 bonus), pinned one by one in a list.
+    """Project Gutenberg books (the chapter 5 bonus), pinned one by one in a committed list.
 
-    `book_list` is that list (a TSV of file, bytes, sha256, url), itself a pinned input that lands
-    under data.raw_dir; `path` is the books' folder under
+    `books` is that list (a TSV of file, bytes, sha256, url); `path` is the books' folder under
     data.raw_dir and in a mirror folder. The books taken are the list's, in its order, at most
     `books_per_author` per author, then the first `max_books`; every `val_every`-th of them is
     held out for validation (the last one when fewer are taken).
     """
 
-    book_list: SourceFile
+    books: str
     path: str
     books_per_author: int | None
     max_books: int | None
@@ -102,11 +101,45 @@ def check_shard_tokens(value: int, field: str = "shard_tokens") -> None:
 
 
 @dataclass(frozen=True)
-class CorpusConfig:
-    """What pretrain trains on: The Verdict (chapter 5, the default) or the Gutenberg books."""
+class FilesCorpus:
+    """The user's own texts: every file under `path` (or those matching `glob` there).
 
-    name: Literal["verdict", "gutenberg"]
+    .txt and .md files are one document each; .jsonl, .jsonl.gz and .parquet files one per row,
+    its `text_field`. `path` lies inside the project, so DVC tracks it as tokenize's dependency.
+    Cleaning: line endings made LF (`normalize_newlines`), blank documents dropped (`drop_empty`),
+    and those shorter than `min_chars` characters; every `val_every`-th document is held out.
+    """
+
+    path: str
+    glob: str | None
+    text_field: str
+    encoding: str
+    normalize_newlines: bool
+    drop_empty: bool
+    min_chars: int
+    val_every: int
+    shard_tokens: int
+
+    def __post_init__(self) -> None:
+        require(bool(self.text_field), "text_field", "expected the name of the field holding each text")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise FieldError(
+                "encoding", f"unknown encoding {self.encoding!r} (e.g. utf-8, latin-1, cp1252)"
+            ) from None
+        require(self.min_chars >= 0, "min_chars", f"expected 0 or a positive integer, got {self.min_chars}")
+        require(self.val_every >= 2, "val_every", f"expected an integer of at least 2, got {self.val_every}")
+        check_shard_tokens(self.shard_tokens)
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """What pretrain trains on: The Verdict (chapter 5, the default), the Gutenberg books or the user's files."""
+
+    name: Literal["verdict", "gutenberg", "files"]
     gutenberg: GutenbergCorpus
+    files: FilesCorpus
 
 
 @dataclass(frozen=True)

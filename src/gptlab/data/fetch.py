@@ -2,7 +2,8 @@
 
 Each file is resolved in this order: already at its destination with the right
 hash -> a mirror folder (GPTLAB_MIRROR: each file at its pinned path under it,
-as `gptlab mirror DIR` writes one) -> its URL.
+as `gptlab mirror DIR` writes one) -> its URL (GPTLAB_URL_REWRITE: sent to an HTTP
+mirror of the URLs instead, e.g. a company proxy or a test's local server).
 Bytes are hashed while they are copied into a temporary file beside the
 destination, and only a verified file is renamed into place, so a failure
 never leaves a partial or unverified file behind. `fetch_local` stops before the
@@ -31,6 +32,9 @@ from gptlab.errors import GptlabError, InputError
 from gptlab.files import naming_write_failures, remove_orphans, sha256_file, temp_prefix
 
 MIRROR_ENV = "GPTLAB_MIRROR"
+# "PREFIX=REPLACEMENT ...": a URL starting with PREFIX is fetched from REPLACEMENT + the rest, still
+# verified by its sha256 (e.g. https://=http://proxy.local/ serves https://host/path at /host/path).
+URL_REWRITE_ENV = "GPTLAB_URL_REWRITE"
 _CHUNK = 1 << 20
 # Seconds a stalled connection may stay silent before the download fails.
 _TIMEOUT_S = 60
@@ -58,6 +62,17 @@ def mirror_dir() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def rewritten_url(url: str) -> str:
+    """`url` as GPTLAB_URL_REWRITE sends it: the first matching prefix replaced, else unchanged."""
+    for rule in os.environ.get(URL_REWRITE_ENV, "").split():
+        prefix, sep, replacement = rule.partition("=")
+        if not sep or not prefix:
+            raise InputError(f"{URL_REWRITE_ENV} rule {rule!r}: expected PREFIX=REPLACEMENT")
+        if url.startswith(prefix):
+            return replacement + url[len(prefix) :]
+    return url
+
+
 def safe_relative_path(name: str, what: str) -> PurePosixPath:
     """`name` as a relative path that stays inside its folder; ValueError otherwise."""
     posix = PurePosixPath(name.replace("\\", "/"))
@@ -76,7 +91,7 @@ def safe_relative_path(name: str, what: str) -> PurePosixPath:
 def fetch(
     dest: Path,
     *,
-    url: str | None,
+    url: str,
     sha256: str,
     mirror_file: Path | None = None,
     member: str | None = None,
@@ -87,8 +102,7 @@ def fetch(
 
     `member` names the one file to extract when `url` serves a zip archive
     (mirrors hold the extracted file); `progress` shows the download's own bar (off where
-    a caller fetches many files under one). A file with no `url` comes only from `dest` or
-    the mirror. Raises FetchError when no source works.
+    a caller fetches many files under one). Raises FetchError when no source works.
     """
     dest = Path(dest)
     pin = _Pin(dest, url, sha256.lower(), size, mirror_file)
@@ -101,8 +115,6 @@ def fetch(
     local = pin.from_disk()
     if local is not None:
         return local
-    if url is None:
-        raise pin.error("it has no public address: only a mirror folder or the destination holds it")
     try:
         _download(pin, member, progress)
     except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, zlib.error) as exc:
@@ -126,7 +138,7 @@ class _Pin:
     """What a file must be, and how to tell the user when it is not."""
 
     dest: Path
-    url: str | None
+    url: str
     sha256: str
     size: int | None
     mirror_file: Path | None
@@ -183,6 +195,14 @@ class _Pin:
                 raise self.error(f"{origin} does not match its pin ({written:,} bytes read)", actual=actual)
             os.replace(tmp, self.dest)
 
+    def _via(self) -> str:
+        """Where GPTLAB_URL_REWRITE sent the download, when it did."""
+        try:
+            sent = rewritten_url(self.url)
+        except InputError:
+            return f" ({URL_REWRITE_ENV} malformed)"
+        return "" if sent == self.url else f" (fetched from {sent}, per {URL_REWRITE_ENV})"
+
     def error(self, reason: str, actual: str | None = None) -> FetchError:
         if self.mirror_file is None:
             mirror = f"not used ({MIRROR_ENV} is not set)"
@@ -195,7 +215,7 @@ class _Pin:
         at_dest = f"sha256 {sha256_file(self.dest)}" if self.dest.is_file() else "nothing"
         lines = [
             f"could not fetch {self.dest}: {reason}",
-            f"  url:             {self.url or 'none (not published)'}",
+            f"  url:             {self.url}{self._via()}",
             f"  mirror:          {mirror}",
             f"  at destination:  {at_dest}",
             f"  expected sha256: {self.sha256}{expected_size}",
@@ -242,7 +262,7 @@ def _copy(
 
 def _download(pin: _Pin, member: str | None, progress: bool) -> None:
     """Download `pin.url` with a progress bar; from a zip, extract only `member`."""
-    request = urllib.request.Request(pin.url, headers={"User-Agent": _USER_AGENT})
+    request = urllib.request.Request(rewritten_url(pin.url), headers={"User-Agent": _USER_AGENT})
     with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
         length = response.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None

@@ -57,9 +57,7 @@ def read_book_list(path: Path) -> list[Book]:
                 raise InputError(f"{path}: expected the tab-separated columns {COLUMNS}, got {header}")
             return [_book(row, f"{path}, line {line}") for line, row in enumerate(reader, start=2)]
     except FileNotFoundError:
-        raise InputError(
-            f"{path}: book list not found (corpus.gutenberg.book_list): run `dvc repro download`"
-        ) from None
+        raise InputError(f"{path}: book list not found (corpus.gutenberg.books)") from None
 
 
 def _book(row: list[str], where: str) -> Book:
@@ -86,26 +84,16 @@ def select_books(books: Iterable[Book], books_per_author: int | None, max_books:
     return taken if max_books is None else taken[:max_books]
 
 
-def corpus_books(cfg: GutenbergCorpus, raw_dir: Path | str) -> list[Book]:
-    """The books a run takes, per corpus.gutenberg, from the book list under `raw_dir` (or a mirror
-    folder laid out alike); too few to split is one line naming the keys."""
+def corpus_books(cfg: GutenbergCorpus) -> list[Book]:
+    """The books a run takes, per corpus.gutenberg; too few to split is one line naming the keys."""
     safe_relative_path(cfg.path, "corpus.gutenberg.path")
-    safe_relative_path(cfg.book_list.path, "corpus.gutenberg.book_list.path")
-    book_list = Path(raw_dir) / cfg.book_list.path
-    books = select_books(read_book_list(book_list), cfg.books_per_author, cfg.max_books)
+    books = select_books(read_book_list(Path(cfg.books)), cfg.books_per_author, cfg.max_books)
     if len(books) < 2:
         raise InputError(
-            f"corpus.gutenberg: {len(books)} book(s) taken from {book_list}; "
+            f"corpus.gutenberg: {len(books)} book(s) taken from {cfg.books}; "
             "at least 2 are needed (one to train on, one to validate on)"
         )
     return books
-
-
-def is_validation(index: int, count: int, val_every: int) -> bool:
-    """Whole books held out: every `val_every`-th of the `count` taken, or the last when fewer."""
-    if count < val_every:
-        return index == count - 1
-    return (index + 1) % val_every == 0
 
 
 def list_digest(books: Iterable[Book]) -> str:

@@ -30,7 +30,7 @@ class PinnedInput:
 
     key: str  # e.g. data.sources.the_verdict or gpt2.weights.gpt2-small
     path: PurePosixPath  # relative to a mirror folder
-    url: str | None  # None: not published; only a mirror folder holds it
+    url: str
     sha256: str
     member: str | None = None  # the file to extract when `url` serves a zip archive
     size: int | None = None

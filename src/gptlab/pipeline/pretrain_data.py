@@ -23,7 +23,8 @@ from gptlab.pipeline.params import Params
 from gptlab.training.losses import perplexity
 
 SPLITS = ("train", "val")
-BOOKS_FILE = "books.json"  # the tokenize stage's record of the corpus: its list's sha256 and each book
+# The tokenize stage's record of each corpus: the book list's sha256 and each book, or each file's.
+RECORD_FILES = {"gutenberg": "books.json", "files": "documents.json"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def pretrain_windows(params: Params, length: int | None = None) -> PretrainWindo
         windows = {split: ShardWindows(paths, max_length, stride) for split, paths in shards.items()}
         sizes = {f"{split}_tokens": sum(len(w) for w in windows[split].shards) for split in SPLITS}
         inputs = [folder]
-        described = corpus_record(folder / BOOKS_FILE)
+        described = corpus_record(folder / RECORD_FILES[params.corpus.name])
     scored = {
         split: windows[split] if cfg.eval_windows is None else spread_sample(windows[split], cfg.eval_windows)
         for split in SPLITS
@@ -65,10 +66,12 @@ def pretrain_windows(params: Params, length: int | None = None) -> PretrainWindo
 
 
 def corpus_record(path: Path) -> dict[str, int | str]:
-    """The corpus's book count and the sha256 of the book list it was tokenized from."""
+    """The corpus's size and digest: its book count and list sha256, or its file count and content sha256."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        return {"books": len(record["books"]), "list_sha256": record["list_sha256"]}
+        if "books" in record:
+            return {"books": len(record["books"]), "list_sha256": record["list_sha256"]}
+        return {"files": len(record["files"]), "content_sha256": record["content_sha256"]}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: unreadable corpus record ({exc}); rerun `dvc repro tokenize`") from None
 
