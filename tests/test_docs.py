@@ -90,3 +90,32 @@ def test_the_architecture_section_gives_each_layer_the_job_its_init_states(layer
     front_page = README.read_text(encoding="utf-8").splitlines()
     (line,) = [line for line in front_page if line.startswith(f"  {layer}/")]
     assert job.lower() in line.lower(), (layer, job)
+
+
+OWN_DATA = PROJECT_ROOT / "docs" / "own-data.md"
+
+
+@pytest.mark.parametrize(
+    "block",
+    re.findall(r"```yaml\n(.*?)```", OWN_DATA.read_text(encoding="utf-8"), re.S),
+    ids=lambda b: b[:30],
+)
+def test_each_params_block_of_the_own_data_page_loads_over_params_yaml(block: str, tmp_path: Path) -> None:
+    """The page's params are real keys with values of the right types, as a profile holding them is checked."""
+    from gptlab.experiments.profiles import profile_params
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(block, encoding="utf-8")
+    profile_params(profile, PROJECT_ROOT / "params.yaml")
+
+
+def test_each_gptlab_command_of_the_own_data_page_parses() -> None:
+    from gptlab.cli.main import parse
+
+    blocks = re.findall(r"```bash\n(.*?)```", OWN_DATA.read_text(encoding="utf-8"), re.S)
+    commands = [
+        line.split("#")[0].split() for b in blocks for line in b.splitlines() if line.startswith("gptlab ")
+    ]
+    assert len(commands) >= 3
+    for command in commands:
+        parse(command[1:])
