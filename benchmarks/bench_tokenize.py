@@ -75,6 +75,7 @@ def files_params(tmp: Path, mirror: Path, books: int, files: list[int]) -> dict[
             (folder / f"{index:05d}.txt").write_text(piece, encoding="utf-8")
         params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
         params["data"] |= {"raw_dir": str(mirror), "processed_dir": str(tmp / f"processed-files-{count}")}
+        params["tokenize"]["spam"]["file"] = str(mirror / params["data"]["sources"]["sms_spam"]["path"])
         params["corpus"]["name"] = "files"
         params["corpus"]["files"]["path"] = folder.name  # the stage runs in tmp: inside its project
         paths[count] = tmp / f"params-files-{count}.yaml"

@@ -268,12 +268,15 @@ def flip_tensor_bits(weights: Path, name: str) -> None:
 
 
 def copy_code(dest: Path) -> None:
-    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`."""
+    """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`.
+
+    examples/ too: tokenize depends on corpus.files.path, the example texts by default.
+    """
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", ".gitignore"):
         shutil.copy2(PROJECT_ROOT / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "stages", "corpora"):
+    for name in ("src", "stages", "corpora", "examples"):
         shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=ignore)
 
 

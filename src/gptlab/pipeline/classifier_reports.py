@@ -12,7 +12,6 @@ import numpy as np
 from gptlab.data.spam import SpamDataset
 from gptlab.files import write_csv, write_figure
 from gptlab.pipeline.plots import plot_accuracy, plot_confusion_matrix
-from gptlab.serving.specs import probability_column
 from gptlab.tasks.classifier import Predictions
 from gptlab.tracking.buffered_run import StageRun
 
@@ -49,6 +48,9 @@ def write_and_log_scores(
             {**matrix, "matrix": scores["confusion_matrix"]}, f"spam/confusion_matrix_{split}.json"
         )
     # The served model's answer: spam's probability (ham/spam), else the predicted class's.
+    # serving.specs on first use: it loads mlflow and pandas, which the stage's start-up must not
+    from gptlab.serving.specs import probability_column
+
     column = probability_column(class_names)
     shown = probs[:, class_names.index("spam")] if column == "spam_probability" else probs.max(axis=1)
     table = {"text": test_set.texts, "actual": names[actual], "predicted": names[predicted], column: shown}
