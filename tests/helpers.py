@@ -280,6 +280,18 @@ def copy_code(dest: Path) -> None:
         shutil.copytree(PROJECT_ROOT / name, dest / name, ignore=ignore)
 
 
+def project_env(project: Path, **extra: str) -> dict[str, str]:
+    """The environment for a copied project's commands: conftest's (a temp MLflow store, GPTLAB_MIRROR,
+    no analytics), the copy's own code on PYTHONPATH (not the editable install's), this interpreter's
+    tools on PATH, and `extra`."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        **extra,
+    }
+
+
 def git(project: Path, *args: str) -> None:
     """`git ARGS` in `project` with a throwaway identity (commits need one); fails the test on an error."""
     identity = ("-c", "user.name=gptlab tests", "-c", "user.email=tests@gptlab.invalid")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, committed_params_raw, copy_project, dvc, git
+from helpers import PROJECT_ROOT, committed_params_raw, copy_project, dvc, git, project_env
 
 EXAMPLE_TEXTS = "examples/own-data/texts"
 
@@ -65,11 +64,7 @@ def test_dvc_reruns_tokenize_after_one_file_is_edited_and_pretrain_trains_on_it(
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     dvc(project, "repro", "tokenize", env=env)
     counts = json.loads((project / "reports/tokenize/counts.json").read_text())["files"]
     assert (counts["files"], counts["train"]["documents"], counts["val"]["documents"]) == (5, 3, 2)

@@ -40,7 +40,7 @@ from gptlab.pipeline.stage import Terminated
 from gptlab.schema import ConfigError, flatten
 from gptlab.tasks.classifier import count_trainable, make_classifier
 
-from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, write_committed_params
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, project_env, write_committed_params
 
 PARAMS = PROJECT_ROOT / "params.yaml"
 
@@ -672,13 +672,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     copy_project(project)
     write_yaml(project / "profiles" / "tiny.yaml", TINY_PARAMS)
     write_yaml(project / "sweeps" / "tiny.yaml", with_table({"stage": "spam-finetune", "variants": VARIANTS}))
-    env = {
-        **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
-        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-        "OMP_NUM_THREADS": "1",  # tiny models: threads only add overhead on a shared CPU
-    }
+    env = project_env(project, OMP_NUM_THREADS="1")  # tiny models: threads only add overhead on a shared CPU
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
@@ -796,11 +790,7 @@ def test_a_real_sweep_stopped_by_sigterm_while_queuing_leaves_nothing_queued(tmp
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "stop"]
     sweep = subprocess.Popen(
         gptlab, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -8,9 +8,7 @@ naming it, and the 2-process run's checkpoints stay for the rerun.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import yaml
 
 from gptlab.experiments.profiles import dvc_executable
 
-from helpers import committed_params_raw, copy_project, dvc, git
+from helpers import committed_params_raw, copy_project, dvc, git, project_env
 
 CONTEXT, BATCH = 32, 2
 
@@ -71,12 +69,7 @@ def test_dvc_exp_run_trains_pretrain_on_two_processes_and_a_killed_rank_ends_it(
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-        "OMP_NUM_THREADS": "1",
-    }
+    env = project_env(project, OMP_NUM_THREADS="1")
     losses = project / "reports" / "pretrain" / "losses.csv"
 
     dvc(project, "exp", "run", "pretrain", env=env, timeout=600)  # one process, 2 micro-batches a step

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, gutenberg_inputs
+from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, gutenberg_inputs, project_env
 
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
@@ -47,12 +46,7 @@ def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, is
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    env = {
-        **os.environ,  # conftest's: a temp MLflow store, GPTLAB_MIRROR, no analytics
-        # The copy's own code, not the editable install's; this interpreter's tools on PATH.
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     assert env["GPTLAB_MIRROR"] == str(shared_data)
 
     dvc(project, "repro", *STAGES, env=env)
@@ -124,11 +118,7 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
     params_before = (project / "params.yaml").read_bytes()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     gptlab = Path(sys.executable).with_name("gptlab")
     proc = subprocess.run(
         [str(gptlab), "run", "--profile", "tiny", "--name", "tiny-check", "pretrain"],
@@ -174,11 +164,7 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "fresh clone")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     gptlab = Path(sys.executable).with_name("gptlab")
     proc = subprocess.run(
         [str(gptlab), "run", "--profile", "gutenberg-smoke", "--name", "gutenberg-check", "pretrain"],

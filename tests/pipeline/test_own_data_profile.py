@@ -3,7 +3,6 @@ examples/own-data/, offline; then one edited example file reruns exactly the sta
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from helpers import copy_project, dvc, git
+from helpers import copy_project, dvc, git, project_env
 
 STAGES = (
     "download",
@@ -29,11 +28,7 @@ OWN_DATA = ("files", "spam", "instruct", "preference")
 
 
 def gptlab(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")])),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    }
+    env = project_env(project)
     command = [str(Path(sys.executable).with_name("gptlab")), *args]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=900)
 
