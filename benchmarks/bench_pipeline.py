@@ -7,7 +7,7 @@ run's process tree every half second: a stage's wall time is from the first to
 the last sample that saw its script (within a second), its peak memory the
 largest resident set (VmHWM) the kernel reported for it.
 
-    python benchmarks/bench_pipeline.py                      # the offline profile: about 40 min on 2 cores
+    python benchmarks/bench_pipeline.py                      # the offline profile: about 80 min on 2 cores
     python benchmarks/bench_pipeline.py --profile smoke      # every stage on a tiny model: a few minutes
 """
 

@@ -267,6 +267,12 @@ def flip_tensor_bits(weights: Path, name: str) -> None:
     weights.write_bytes(data)
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A child's SIGINT back to the default (Python's KeyboardInterrupt), as in a terminal, for
+    Popen's `preexec_fn`: a shell's background job, this test run maybe, starts with it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def copy_code(dest: Path) -> None:
     """The pipeline's definition and code (dvc.yaml, .gitignore, src/, stages/, corpora/) copied into `dest`.
 

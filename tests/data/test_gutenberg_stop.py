@@ -27,7 +27,7 @@ from gptlab.data.gutenberg_fetch import FETCH_WORKERS
 from gptlab.pipeline.params import load_params
 from stages import download
 
-from helpers import PROJECT_ROOT, committed_params_raw
+from helpers import PROJECT_ROOT, committed_params_raw, sigint_as_in_a_terminal
 
 BOOKS, ANSWERED = 40, 4  # books in the list; requests the server answers before it stalls
 LIST_PATH, BOOKS_PATH = "gutenberg/stop-test.tsv", "gutenberg/books"
@@ -128,6 +128,7 @@ def test_a_stopped_download_starts_no_queued_book_and_leaves_whole_books(
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=os.environ,
+        preexec_fn=sigint_as_in_a_terminal,  # noqa: PLW1509 - one signal.signal call after the fork
     )
     _wait_for(lambda: folder.is_dir() and len(list(folder.iterdir())) == ANSWERED, "its first books", proc)
     _wait_for(lambda: books.held > 0, "a stalled book", proc)

@@ -31,7 +31,7 @@ from gptlab.tracking.store import tracking_uri
 from stages import pretrain as pretrain_stage
 
 import helpers
-from helpers import committed_params_raw, copy_code, git
+from helpers import committed_params_raw, copy_code, git, sigint_as_in_a_terminal
 
 OUTPUTS = (
     "reports/pretrain/metrics.json",
@@ -251,8 +251,7 @@ def stop_after_a_new_checkpoint(project: Path, stop: signal.Signals) -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        # SIGINT as in a terminal: a shell's background job (this test's, maybe) starts with it ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - no threads started
+        preexec_fn=sigint_as_in_a_terminal,  # noqa: PLW1509 - one signal.signal call after the fork
     )
     deadline = time.monotonic() + 300
     while newest_step(project) == before:
