@@ -56,6 +56,19 @@ TINY_LM = dict(
 )
 
 
+# dvc.yaml's stages, in the order `dvc repro` runs them.
+PIPELINE_STAGES = (
+    "download",
+    "tokenize",
+    "pretrain",
+    "eval",
+    "load-gpt2",
+    "spam-finetune",
+    "instruct-finetune",
+    "preference-finetune",
+)
+
+
 @functools.cache
 def committed_params_text() -> str:
     """params.yaml as committed (HEAD) when the project is a git checkout, else the file itself.
@@ -302,6 +315,14 @@ def git(project: Path, *args: str) -> None:
     """`git ARGS` in `project` with a throwaway identity (commits need one); fails the test on an error."""
     identity = ("-c", "user.name=gptlab tests", "-c", "user.email=tests@gptlab.invalid")
     subprocess.run(["git", *identity, *args], cwd=project, check=True, capture_output=True)
+
+
+def commit_as_fresh_clone(project: Path) -> None:
+    """`project` made a git repository with everything in it committed, as a fresh clone is
+    (`dvc exp run` and `gptlab run` start from the commit)."""
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "fresh clone")
 
 
 def dvc(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, committed_params_raw, copy_project, dvc, git, project_env
+from helpers import PROJECT_ROOT, commit_as_fresh_clone, committed_params_raw, copy_project, dvc, project_env
 
 EXAMPLE_TEXTS = "examples/own-data/texts"
 
@@ -61,9 +61,7 @@ def test_dvc_reruns_tokenize_after_one_file_is_edited_and_pretrain_trains_on_it(
     raw["pretrain"]["data"]["max_length"] = raw["pretrain"]["data"]["stride"] = 64  # the texts are short
     raw["pretrain"]["train"] |= {"global_batch_tokens": None, "max_tokens": 2048}
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     env = project_env(project)
     dvc(project, "repro", "tokenize", env=env)
     counts = json.loads((project / "reports/tokenize/counts.json").read_text())["files"]

@@ -40,7 +40,16 @@ from gptlab.pipeline.stage import Terminated
 from gptlab.schema import ConfigError, flatten
 from gptlab.tasks.classifier import count_trainable, make_classifier
 
-from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, project_env, write_committed_params
+from helpers import (
+    PROJECT_ROOT,
+    commit_as_fresh_clone,
+    copy_project,
+    dvc,
+    dvc_exp_show,
+    git,
+    project_env,
+    write_committed_params,
+)
 
 PARAMS = PROJECT_ROOT / "params.yaml"
 
@@ -673,9 +682,7 @@ def test_sweep_through_the_dvc_queue_writes_the_table_and_groups_the_mlflow_runs
     write_yaml(project / "profiles" / "tiny.yaml", TINY_PARAMS)
     write_yaml(project / "sweeps" / "tiny.yaml", with_table({"stage": "spam-finetune", "variants": VARIANTS}))
     env = project_env(project, OMP_NUM_THREADS="1")  # tiny models: threads only add overhead on a shared CPU
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
 
     gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--profile", "tiny"]
     gptlab += ["--name", "check"]
@@ -787,9 +794,7 @@ def test_a_real_sweep_stopped_by_sigterm_while_queuing_leaves_nothing_queued(tmp
     copy_project(project)
     variants = {f"v{n}": {"spam": {"train": {"seed": n}}} for n in range(5)}
     write_yaml(project / "sweeps" / "tiny.yaml", {"stage": "spam-finetune", "variants": variants})
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     env = project_env(project)
     gptlab = [str(Path(sys.executable).with_name("gptlab")), "sweep", "tiny", "--name", "stop"]
     sweep = subprocess.Popen(
@@ -852,9 +857,7 @@ def test_a_second_sweep_is_refused_at_once_while_one_runs(
 
     project = tmp_path / "project"
     copy_project(project)
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     holder = subprocess.Popen(
         [
             sys.executable,

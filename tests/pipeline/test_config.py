@@ -21,18 +21,14 @@ from gptlab.model.config import ModelConfig
 from gptlab.pipeline.params import Params, load_params
 from gptlab.schema import ConfigError, flatten
 
-from helpers import PROJECT_ROOT, committed_params, committed_params_raw, committed_params_text
+from helpers import (
+    PIPELINE_STAGES,
+    PROJECT_ROOT,
+    committed_params,
+    committed_params_raw,
+    committed_params_text,
+)
 
-DVC_STAGES = [
-    "download",
-    "tokenize",
-    "pretrain",
-    "eval",
-    "load-gpt2",
-    "spam-finetune",
-    "instruct-finetune",
-    "preference-finetune",
-]
 DELETE = object()
 
 
@@ -275,10 +271,10 @@ def test_every_stage_command_refuses_bad_params_before_any_work(raw: dict[str, A
     # project, so a stage that wrongly went ahead could not touch the project's outputs.
     # All at once: each start costs seconds of imports (torch, mlflow).
     stages = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-    assert sorted(stages) == sorted(DVC_STAGES)
+    assert sorted(stages) == sorted(PIPELINE_STAGES)
     bad = edited(raw, tmp_path, "pretrain.train.lrr", 0.1)
     running = {}
-    for stage in DVC_STAGES:
+    for stage in PIPELINE_STAGES:
         program, *args = shlex.split(stages[stage]["cmd"])
         assert program == "python", stages[stage]["cmd"]
         args = [str(PROJECT_ROOT / a) if a.startswith("stages/") else a for a in args]

@@ -19,7 +19,7 @@ import yaml
 
 from gptlab.experiments.profiles import dvc_executable
 
-from helpers import committed_params_raw, copy_project, dvc, git, project_env
+from helpers import commit_as_fresh_clone, committed_params_raw, copy_project, dvc, project_env
 
 CONTEXT, BATCH = 32, 2
 
@@ -66,9 +66,7 @@ def test_dvc_exp_run_trains_pretrain_on_two_processes_and_a_killed_rank_ends_it(
     project = tmp_path / "project"
     copy_project(project)
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False), encoding="utf-8")
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     env = project_env(project, OMP_NUM_THREADS="1")
     losses = project / "reports" / "pretrain" / "losses.csv"
 

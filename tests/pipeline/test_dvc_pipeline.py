@@ -13,7 +13,15 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import PROJECT_ROOT, copy_project, dvc, dvc_exp_show, git, gutenberg_inputs, project_env
+from helpers import (
+    PROJECT_ROOT,
+    commit_as_fresh_clone,
+    copy_project,
+    dvc,
+    dvc_exp_show,
+    gutenberg_inputs,
+    project_env,
+)
 
 STAGES = ("download", "tokenize")
 REPORT = "reports/tokenize/counts.json"
@@ -43,9 +51,7 @@ def pipeline_runs(
 def test_repro_download_tokenize_then_noop(tmp_path: Path, shared_data: Path, isolated_tools: str) -> None:
     project = tmp_path / "project"
     copy_project(project)
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     env = project_env(project)
     assert env["GPTLAB_MIRROR"] == str(shared_data)
 
@@ -114,9 +120,7 @@ def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
     tiny = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
     tiny["pretrain"]["train"].update(epochs=1, max_steps=2)  # two steps are enough here
     (project / "profiles" / "tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False), encoding="utf-8")
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     params_before = (project / "params.yaml").read_bytes()
     env = project_env(project)
     gptlab = Path(sys.executable).with_name("gptlab")
@@ -161,9 +165,7 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     gutenberg_inputs(corpus_books(dataclasses.replace(gutenberg, books=str(PROJECT_ROOT / gutenberg.books))))
     project = tmp_path / "project"
     copy_project(project)
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     env = project_env(project)
     gptlab = Path(sys.executable).with_name("gptlab")
     proc = subprocess.run(

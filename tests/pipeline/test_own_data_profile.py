@@ -11,18 +11,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from helpers import copy_project, dvc, git, project_env
+from helpers import PIPELINE_STAGES, commit_as_fresh_clone, copy_project, dvc, project_env
 
-STAGES = (
-    "download",
-    "tokenize",
-    "pretrain",
-    "eval",
-    "load-gpt2",
-    "spam-finetune",
-    "instruct-finetune",
-    "preference-finetune",
-)
 # The example's data, each a dataset of the user's own in MLflow (tokenize's run and the pipeline run's).
 OWN_DATA = ("files", "spam", "instruct", "preference")
 
@@ -39,23 +29,21 @@ def test_the_own_data_profile_runs_every_stage_and_one_edit_reruns_what_follows_
 ) -> None:
     project = tmp_path / "project"
     copy_project(project)
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
 
     proc = gptlab(project, "run", "--profile", "own-data", "--name", "own-check")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     assert len(lines) <= 40, proc.stdout
     assert [re.sub(r"^\[\d/8\] (\S+).*", r"\1", line) for line in lines if line.startswith("[")] == list(
-        STAGES
+        PIPELINE_STAGES
     )
 
     client = mlflow.MlflowClient(tracking_uri=isolated_tools)
     experiment = client.get_experiment_by_name("gptlab-own-data")
     runs = client.search_runs([experiment.experiment_id])
     by_stage = {r.data.tags.get("gptlab.stage"): r for r in runs if "gptlab.stage" in r.data.tags}
-    assert set(by_stage) == set(STAGES)
+    assert set(by_stage) == set(PIPELINE_STAGES)
     inputs = by_stage["tokenize"].inputs.dataset_inputs
     own = {d.dataset.name for d in inputs if {t.key: t.value for t in d.tags}["mlflow.data.context"] == "own"}
     assert own == set(OWN_DATA)

@@ -15,7 +15,7 @@ from gptlab.experiments.smoke import prepare_workspace
 from gptlab.paths import project_root
 from gptlab.tracking.store import tracking_uri
 
-from helpers import copy_project, dvc, git
+from helpers import commit_as_fresh_clone, copy_project, dvc, git
 
 
 @pytest.fixture
@@ -60,9 +60,7 @@ def test_a_dvc_experiment_in_the_smoke_workspace_lands_in_the_projects_store(
 ) -> None:
     project = tmp_path / "project"
     copy_project(project)
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "fresh clone")
+    commit_as_fresh_clone(project)
     workspace = project / ".gptlab" / "smoke"
     prepare_workspace(project, workspace, {})
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
