@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import sqlite3
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -18,10 +15,10 @@ from helpers import (
     PROJECT_ROOT,
     TINY_GPT,
     MlflowServer,
-    cache_dir,
     committed_params,
     gutenberg_inputs,
     inputs_dir,
+    isolated_environment,
 )
 
 # A few real Gutenberg books for the corpus tests (~1.1 MB): three with Project Gutenberg's
@@ -120,18 +117,10 @@ def isolated_tools(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, empty_store: Path
 ) -> Iterator[str]:
     """Every test gets its own real MLflow store; nothing phones home or writes outside tmp."""
-    store = tmp_path_factory.mktemp("mlflow")
-    shutil.copyfile(empty_store, store / "mlflow.db")
-    with closing(sqlite3.connect(store / "mlflow.db")) as db, db:  # as if created here
-        db.execute("UPDATE experiments SET artifact_location = ?", (str(store / "mlruns" / "0"),))
-    uri = f"sqlite:///{store}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path_factory.mktemp("dvc-site")))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # The stages a test runs find their inputs in the tests' cache (filled by `shared_data`).
-    monkeypatch.setenv("GPTLAB_MIRROR", str(cache_dir()))
+    environment = isolated_environment(tmp_path_factory, empty_store)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    uri = environment["MLFLOW_TRACKING_URI"]
     yield uri
     # A stage run in-process sets MLflow's global URI, which outranks the next test's variable.
     if "mlflow" in sys.modules:

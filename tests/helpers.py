@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,24 @@ def cache_dir() -> Path:
     if value := os.environ.get(CACHE_ENV):
         return Path(value).expanduser()
     return Path(platformdirs.user_cache_dir("gptlab"))
+
+
+def isolated_environment(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> dict[str, str]:
+    """The variables that give a test (or a fixture's commands) its own real MLflow store, no analytics,
+    no network for the Hub, and the tests' cache of the inputs as the pipeline's mirror."""
+    store = tmp_path_factory.mktemp("mlflow")
+    shutil.copyfile(empty_store, store / "mlflow.db")
+    with closing(sqlite3.connect(store / "mlflow.db")) as db, db:  # as if created here
+        db.execute("UPDATE experiments SET artifact_location = ?", (str(store / "mlruns" / "0"),))
+    return {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+        "DVC_SITE_CACHE_DIR": str(tmp_path_factory.mktemp("dvc-site")),
+        "HF_HUB_OFFLINE": "1",
+        # The stages a test runs find their inputs in the tests' cache (filled by `shared_data`).
+        "GPTLAB_MIRROR": str(cache_dir()),
+    }
 
 
 def fetch_test_inputs(sources: Sources, cache: Path, mirror: Path | None) -> Path:

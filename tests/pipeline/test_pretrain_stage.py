@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from gptlab.tracking.store import tracking_uri
 from stages import pretrain as pretrain_stage
 
 import helpers
-from helpers import committed_params_raw, copy_code, git, sigint_as_in_a_terminal
+from helpers import committed_params_raw, copy_code, git, isolated_environment, sigint_as_in_a_terminal
 
 OUTPUTS = (
     "reports/pretrain/metrics.json",
@@ -59,15 +60,29 @@ def tiny_params(project: Path) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory: pytest.TempPathFactory, shared_data: Path, empty_store: Path) -> Path:
+    """A git + DVC repo holding a copy of the pipeline's definition and code, `dvc repro tokenize` run.
+
+    Made once for the module's end-to-end tests, which each train on a copy: download and tokenize
+    are not what they test. Its commands get a store of their own, as a test's would.
+    """
+    project = tmp_path_factory.mktemp("tokenized") / "project"
+    copy_code(project)
+    tiny_params(project)
+    git(project, "init", "-q")
+    dvc(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "tiny")
+    environment = {**env(), **isolated_environment(tmp_path_factory, empty_store)}
+    helpers.dvc(project, "repro", "tokenize", env=environment, timeout=600)
+    return project
+
+
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A git + DVC repo holding a copy of the pipeline's definition and code."""
-    copy_code(tmp_path)
-    tiny_params(tmp_path)
-    git(tmp_path, "init", "-q")
-    dvc(tmp_path, "init", "-q")
-    git(tmp_path, "add", "-A")
-    git(tmp_path, "commit", "-qm", "tiny")
+def project(tmp_path: Path, tokenized: Path) -> Path:
+    """A copy of `tokenized`, the pipeline's data prepared, nothing trained."""
+    shutil.copytree(tokenized, tmp_path, symlinks=True, dirs_exist_ok=True)
     return tmp_path
 
 
@@ -120,7 +135,6 @@ def kill_mid_run(project: Path, delay: float) -> None:
 
 @pytest.mark.slow
 def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(project: Path) -> None:
-    dvc(project, "repro", "tokenize")
     chance = random.Random(20261130)  # three kill points, random but the same every run
     for _ in range(3):
         kill_mid_run(project, delay=chance.uniform(0.0, 0.3))
@@ -136,8 +150,9 @@ def test_pretrain_and_eval_through_dvc_killed_resumed_and_rerun_identically(proj
         "Data and pipelines are up to date" in dvc(project, "status", "tokenize", "pretrain", "eval").stdout
     )
 
-    # A clean rerun from scratch, on yet another cadence, ends byte-identical to the interrupted-and-resumed one.
-    dvc(project, "repro", "--force", "pretrain")
+    # A clean rerun from scratch, on yet another cadence, ends byte-identical to the interrupted-and-resumed one
+    # (pretrain alone: its data, upstream, is unchanged).
+    dvc(project, "repro", "--force", "--single-item", "pretrain")
     assert snapshot(project) == first
     assert "Stage 'eval' didn't change" in dvc(project, "repro", "eval").stdout  # same checkpoint bytes
 
@@ -273,7 +288,6 @@ def stop_after_a_new_checkpoint(project: Path, stop: signal.Signals) -> int:
 def test_a_signal_ends_the_run_killed_and_keeps_what_the_rerun_resumes(project: Path) -> None:
     """SIGTERM (what `dvc queue kill`, `timeout` and schedulers send), then Ctrl-C in the resumed run:
     each run ends KILLED at once, not left RUNNING, and the last rerun resumes from what was kept."""
-    dvc(project, "repro", "tokenize")
     client = MlflowClient(tracking_uri())
 
     def pretrain_runs() -> dict[str, Any]:
