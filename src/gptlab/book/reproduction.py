@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import inspect
 import json
 import math
@@ -382,10 +383,15 @@ class RunInfo:
     def gpt2_source(self) -> str | None:
         return self.params.get("gpt2.source")
 
+    @functools.cached_property
+    def planned_gpt2_source(self) -> str | None:
+        """The gpt2.source params.yaml asks for, read once: some 60 figures ask why theirs is unknown."""
+        return _params_yaml(self.root).get("gpt2.source")
+
     def unknown_source(self) -> str:
         """Why the run's gpt2.source is not known."""
         if self.params_origin == "dvc.lock":
-            planned = _params_yaml(self.root).get("gpt2.source")
+            planned = self.planned_gpt2_source
             asks = f"; params.yaml asks for gpt2.source: {planned}" if planned else ""
             return f"load-gpt2 has not run (no load-gpt2 stage in dvc.lock{asks})"
         return "gpt2.source unknown (no dvc.lock or params.yaml beside the reports)"

@@ -34,16 +34,21 @@ SAMPLE_TEXTS = ("Every effort moves you", "Every day holds a")
 
 def _model(preset: str, context_length: int, qkv_bias: bool, *, seed: int | None = None) -> Any:
     """Our GPTModel: on the meta device (shapes, no memory) without a seed, else built after `seed`."""
+    cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
+    return shapes_model(cfg) if seed is None else seeded_model(cfg, seed)
+
+
+@functools.cache
+def shapes_model(cfg: Any) -> Any:
+    """Our GPTModel on the meta device, built once per shape: a report's figures ask for five shapes 35
+    times. Shared, so read it and never change it."""
     # torch on first use: keeps `gptlab --help` fast
     import torch
 
     from gptlab.model.build import build_gpt
 
-    cfg = ModelConfig.from_preset(preset, context_length=context_length, qkv_bias=qkv_bias)
-    if seed is None:
-        with torch.device("meta"):
-            return build_gpt(cfg)
-    return seeded_model(cfg, seed)
+    with torch.device("meta"):
+        return build_gpt(cfg)
 
 
 @functools.cache
@@ -65,10 +70,9 @@ def parameter_count(
     if head not in ("untied", "tied", "none"):
         raise InputError(f"head: expected untied, tied or none, got {head!r}")
     model = _model(preset, context_length, qkv_bias)
-    if head == "tied":
-        model.out_head.weight = model.tok_emb.weight
-    total = sum(p.numel() for p in model.parameters())  # a tied weight counts once
-    return total - model.out_head.weight.numel() if head == "none" else total
+    total = sum(p.numel() for p in model.parameters())
+    # Tied, out_head's weight is tok_emb's, counted once: as many as with no head at all.
+    return total if head == "untied" else total - model.out_head.weight.numel()
 
 
 def parameter_megabytes(
