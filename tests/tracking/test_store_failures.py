@@ -22,7 +22,7 @@ from gptlab.cli.main import main
 from gptlab.pipeline.stage import stage_main
 from gptlab.tracking.runs import stage_run
 
-from helpers import PROJECT_ROOT, one_line_error, write_committed_params
+from helpers import PROJECT_ROOT, copy_empty_store, one_line_error, write_committed_params
 
 
 @pytest.fixture
@@ -51,20 +51,14 @@ def read_only(folder: Path) -> None:
         path.chmod(0o555 if path.is_dir() else 0o444)
 
 
-def new_store() -> None:
-    """MLFLOW_TRACKING_URI's store created, by another process: none of its files stays open in this one."""
-    create = "from gptlab.tracking.store import prepare_store; prepare_store(['gptlab'])"
-    subprocess.run([sys.executable, "-c", create], check=True, capture_output=True)
-
-
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A new SQLite store that MLFLOW_TRACKING_URI names, the working folder `tmp_path`."""
+def db(tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new SQLite store that MLFLOW_TRACKING_URI names, none of its files open; the working folder `tmp_path`."""
     db = tmp_path / "store" / "mlflow.db"
     db.parent.mkdir()
+    copy_empty_store(empty_store, db)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     monkeypatch.chdir(tmp_path)
-    new_store()
     return db
 
 
@@ -121,12 +115,16 @@ def test_a_read_only_project_with_the_default_store(
 
 
 def test_a_read_only_store_is_read_but_not_written(
-    tmp_path: Path, disk: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    disk: Path,
+    empty_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     uri = f"sqlite:///{disk}/mlflow.db"
+    copy_empty_store(empty_store, disk / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    new_store()
     read_only(disk)
     write_committed_params(tmp_path)
     assert main(["ui", "--print-url"]) == 0  # reading is all it does
