@@ -14,8 +14,18 @@
 # on PYTHONPATH. Run it from a git clone (`gptlab run` makes DVC experiments).
 #
 #   GPTLAB_MIRROR=/path/to/mirror bash benchmarks/gpu.sh   # or with data/raw filled by `dvc repro download`
+#   bash benchmarks/gpu.sh 1      # only the steps named: step 1 needs no inputs, DVC or MLflow
 set -euo pipefail
 cd "$(dirname "$0")/.."
+steps=("$@")
+if [[ ${#steps[@]} == 0 ]]; then steps=(1 2 3 4); fi
+for step in "${steps[@]}"; do
+  if [[ ! "$step" =~ ^[1-4]$ ]]; then
+    echo "gpu.sh: no step '$step': the steps are 1 to 4 (see the top of $0)" >&2
+    exit 2
+  fi
+done
+wanted() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 peak=()
 if [[ -n "${PEAK_TFLOPS:-}" ]]; then peak=(--peak-tflops "$PEAK_TFLOPS"); fi
@@ -33,17 +43,25 @@ timed() {  # timed LABEL SECONDS COMMAND...: run with a timeout, print the wall 
   echo "$label: $(($(date +%s) - start)) s"
 }
 
-timed "1. ours beside the book's optimized step" 360 python benchmarks/bench_corpus_pretrain.py \
-  --profile profiles/gutenberg.yaml --device cuda --book --warmup 3 --steps 5 --rounds 3 "${peak[@]}"
-timed "2. gutenberg profile: download, tokenize, pretrain (171 books)" 420 \
-  python -m gptlab.cli.main run --profile gutenberg --name "gutenberg-gpu-$(date +%H%M%S)" pretrain
-timed "3. gutenberg-smoke profile, every stage" 300 \
-  python -m gptlab.cli.main smoke --profile profiles/gutenberg-smoke.yaml --no-check --workdir "$workdir/gutenberg-smoke"
-printf 'tracking:\n  experiment: gptlab-gpu-default\n' >"$workdir/default.yaml"
-if [[ "${FULL_DEFAULT:-0}" == 1 ]]; then
-  timed "4. default pipeline, every stage" 900 \
-    python -m gptlab.cli.main smoke --profile "$workdir/default.yaml" --no-check --workdir "$workdir/default"
-else
-  timed "4. default pipeline, download..eval" 300 \
-    python -m gptlab.cli.main run --profile "$workdir/default.yaml" --name "default-gpu-$(date +%H%M%S)" eval
+if wanted 1; then
+  timed "1. ours beside the book's optimized step" 360 python benchmarks/bench_corpus_pretrain.py \
+    --profile profiles/gutenberg.yaml --device cuda --book --warmup 3 --steps 5 --rounds 3 "${peak[@]}"
+fi
+if wanted 2; then
+  timed "2. gutenberg profile: download, tokenize, pretrain (171 books)" 420 \
+    python -m gptlab.cli.main run --profile gutenberg --name "gutenberg-gpu-$(date +%H%M%S)" pretrain
+fi
+if wanted 3; then
+  timed "3. gutenberg-smoke profile, every stage" 300 \
+    python -m gptlab.cli.main smoke --profile profiles/gutenberg-smoke.yaml --no-check --workdir "$workdir/gutenberg-smoke"
+fi
+if wanted 4; then
+  printf 'tracking:\n  experiment: gptlab-gpu-default\n' >"$workdir/default.yaml"
+  if [[ "${FULL_DEFAULT:-0}" == 1 ]]; then
+    timed "4. default pipeline, every stage" 900 \
+      python -m gptlab.cli.main smoke --profile "$workdir/default.yaml" --no-check --workdir "$workdir/default"
+  else
+    timed "4. default pipeline, download..eval" 300 \
+      python -m gptlab.cli.main run --profile "$workdir/default.yaml" --name "default-gpu-$(date +%H%M%S)" eval
+  fi
 fi

@@ -113,3 +113,15 @@ def test_bench_corpus_pretrain_tiny_prints_every_variant() -> None:
         seconds, tokens_per_second = (float(v.replace(",", "")) for v in row[38:].split()[:2])
         assert seconds > 0 and tokens_per_second > 0, row
     assert table[-1].split()[-3] == "1.00x"  # the book is the baseline
+
+
+@pytest.mark.parametrize("steps", [["5"], ["1", "0"], ["1,2"]])
+def test_the_gpu_check_refuses_a_step_it_lacks_in_one_line_before_looking_for_a_gpu(steps: list[str]) -> None:
+    result = subprocess.run(
+        ["bash", "benchmarks/gpu.sh", *steps], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"gpu.sh: no step '{steps[-1]}': the steps are 1 to 4 (see the top of benchmarks/gpu.sh)\n"
+    )
+    assert result.stdout == ""
