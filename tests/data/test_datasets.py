@@ -24,7 +24,7 @@ from gptlab.model.tokenizer import END_OF_TEXT_ID
 from gptlab.pipeline.params import Params
 from stages import tokenize_data as tokenize_stage
 
-from helpers import committed_params, snapshot
+from helpers import committed_params, copy_empty_store, snapshot
 
 
 def stage_params(raw_dir: Path, processed_dir: Path) -> Params:
@@ -48,12 +48,15 @@ def run_stage(workdir: Path, raw_dir: Path, mlflow_db: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[Path]:
+def prepared(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, empty_store: Path
+) -> Iterator[Path]:
     """The whole tokenize stage, run once on the real data; yields the project folder it ran in.
 
     Its MLflow store (mlflow.db there) is reused by this module's other stage runs: a new store costs seconds.
     """
     workdir = tmp_path_factory.mktemp("tokenize")
+    copy_empty_store(empty_store, workdir / "mlflow.db")
     run_stage(workdir, shared_data, workdir / "mlflow.db")
     yield workdir
 

@@ -16,6 +16,7 @@ import yaml
 from helpers import (
     PROJECT_ROOT,
     commit_as_fresh_clone,
+    committed_params,
     copy_project,
     dvc,
     dvc_exp_show,
@@ -112,50 +113,11 @@ def quiet_as_smoke(proc: subprocess.CompletedProcess[str], log: Path, stages: li
 
 
 @pytest.mark.slow
-def test_gptlab_run_profile_is_a_dvc_experiment_beside_the_workspace(
+def test_gptlab_run_gutenberg_smoke_is_an_experiment_beside_the_workspace_pretrained_on_the_corpus(
     tmp_path: Path, shared_data: Path, isolated_tools: str
 ) -> None:
-    project = tmp_path / "project"
-    copy_project(project)
-    tiny = yaml.safe_load((PROJECT_ROOT / "profiles" / "smoke.yaml").read_text(encoding="utf-8"))
-    tiny["pretrain"]["train"].update(epochs=1, max_steps=2)  # two steps are enough here
-    (project / "profiles" / "tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False), encoding="utf-8")
-    commit_as_fresh_clone(project)
-    params_before = (project / "params.yaml").read_bytes()
-    env = project_env(project)
-    gptlab = Path(sys.executable).with_name("gptlab")
-    proc = subprocess.run(
-        [str(gptlab), "run", "--profile", "tiny", "--name", "tiny-check", "pretrain"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    quiet_as_smoke(
-        proc, project / ".gptlab" / "logs" / "tiny-check.log", ["download", "tokenize", "pretrain"]
-    )
-
-    shown = json.loads(dvc_exp_show(project, "--json", env=env))
-    names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
-    assert "tiny-check" in names
-    # The experiment ran in a temporary copy: the workspace's params and outputs are untouched.
-    assert (project / "params.yaml").read_bytes() == params_before
-    assert not (project / "reports" / "pretrain").exists()
-    # The profile (a copy of the smoke one) logs to the smoke runs' own experiment.
-    assert not pipeline_runs(isolated_tools)
-    smoke_runs = pipeline_runs(isolated_tools, "gptlab-smoke")
-    runs = [r for r in smoke_runs if r.data.tags.get("gptlab.stage") == "pretrain"]
-    assert [r.data.tags.get("gptlab.dvc_exp") for r in runs] == ["tiny-check"]
-    assert runs[0].data.params["pretrain.model.emb_dim"] == "64"  # the profile's tiny model
-
-
-@pytest.mark.slow
-def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
-    tmp_path: Path, shared_data: Path, isolated_tools: str
-) -> None:
-    """The gutenberg-smoke profile as users run it, through pretrain: its books from the mirror, shards, a token budget."""
+    """The gutenberg-smoke profile as users run it, through pretrain: a DVC experiment run in a temporary
+    copy, logged to the profile's own MLflow experiment; its books from the mirror, shards, a token budget."""
     from gptlab.data.gutenberg import corpus_books
     from gptlab.experiments.profiles import profile_params
 
@@ -166,6 +128,7 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     project = tmp_path / "project"
     copy_project(project)
     commit_as_fresh_clone(project)
+    params_before = (project / "params.yaml").read_bytes()
     env = project_env(project)
     gptlab = Path(sys.executable).with_name("gptlab")
     proc = subprocess.run(
@@ -179,11 +142,23 @@ def test_gptlab_run_gutenberg_smoke_pretrains_on_the_corpus_offline(
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     stages = ["download", "tokenize", "pretrain"]
     quiet_as_smoke(proc, project / ".gptlab" / "logs" / "gutenberg-check.log", stages)
+
+    shown = json.loads(dvc_exp_show(project, "--json", env=env))
+    names = {exp["name"] for row in shown for exp in (row.get("experiments") or []) if exp.get("name")}
+    assert "gutenberg-check" in names
+    # The experiment ran in a temporary copy: the workspace's params and outputs are untouched.
+    assert (project / "params.yaml").read_bytes() == params_before
+    assert not (project / "reports" / "pretrain").exists()
+    # The profile logs to its own experiment (`tracking.experiment`), not the real runs'.
+    assert not pipeline_runs(isolated_tools)
     (run,) = [
         r
         for r in pipeline_runs(isolated_tools, "gptlab-gutenberg-smoke")
         if r.data.tags.get("gptlab.stage") == "pretrain"
     ]
+    assert run.data.tags.get("gptlab.dvc_exp") == "gutenberg-check"
+    assert run.data.params["pretrain.model.emb_dim"] == str(params.pretrain.model.emb_dim)  # the profile's
+    assert params.pretrain.model.emb_dim != committed_params().pretrain.model.emb_dim
     assert run.data.tags["gptlab.tokens_seen"] == str(params.pretrain.train.max_tokens)
     assert run.data.tags["gptlab.steps"] == "40"
     (dataset,) = run.inputs.dataset_inputs

@@ -29,7 +29,7 @@ from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import PAD_TOKEN_ID, class_logits, make_classifier
 
-from helpers import committed_params_raw, copy_code, dvc, git, invoke, served_model
+from helpers import committed_params_raw, copy_code, copy_empty_store, dvc, git, invoke, served_model
 
 ROWS = 32  # per split: 4 training batches of 8
 EPOCHS = 4
@@ -50,7 +50,9 @@ def write_params(project: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, dict[str, str]]:
+def trained(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, empty_store: Path
+) -> tuple[Path, dict[str, str]]:
     """A copy of the project with a tiny base model and spam slice, after `dvc repro spam-finetune`."""
     project = tmp_path_factory.mktemp("spam") / "project"
     copy_code(project)
@@ -77,6 +79,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tupl
     save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", pretrained)
 
     store = tmp_path_factory.mktemp("mlflow")
+    copy_empty_store(empty_store, store / "mlflow.db")
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db",

@@ -25,7 +25,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers import committed_params_raw, copy_code, dvc, git
+from helpers import committed_params_raw, copy_code, copy_empty_store, dvc, git
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 # A developer's machine may lack a browser; CI installs Debian's (.ci/run), so CI always runs this.
@@ -58,11 +58,15 @@ def tiny_project(project: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[tuple[str, str, str]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, empty_store: Path
+) -> Iterator[tuple[str, str, str]]:
     """(UI URL that `gptlab ui` prints, MLflow store URI, experiment id) after two DVC experiments."""
     project = tmp_path_factory.mktemp("ui") / "project"
     tiny_project(project)
-    store = f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    copy_empty_store(empty_store, db)
+    store = f"sqlite:///{db}"
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": store,
