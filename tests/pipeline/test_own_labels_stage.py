@@ -27,7 +27,7 @@ from gptlab.model.tokenizer import load_tokenizer
 from gptlab.pipeline.params import load_params
 from gptlab.tasks.classifier import class_logits, classify_texts
 
-from helpers import PROJECT_ROOT, committed_params_raw, copy_code
+from helpers import PROJECT_ROOT, committed_params_raw, copy_code, copy_empty_store
 
 CLASSES = ("billing", "bug", "feature")
 SPLITS = ("train", "val", "test")
@@ -73,7 +73,7 @@ def trained(
     base = ModelConfig(context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, qkv_bias=True)
     save_model(build_gpt(base), project / "models" / "gpt2" / "gpt2-small", {"source": "pretrain"})
     store = tmp_path_factory.mktemp("own-labels-mlflow")
-    shutil.copyfile(empty_store, store / "mlflow.db")
+    copy_empty_store(empty_store, store / "mlflow.db")
     uri = f"sqlite:///{store}/mlflow.db"
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(project)
